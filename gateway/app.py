@@ -1,0 +1,341 @@
+"""Build the gateway: the lifespan (pooled clients, ...) and the hop stack.
+
+The whole request path of a model call reads top to bottom in :meth:`Gateway.model_call`:
+
+    edge → read body → auth → router → upstream → relay (SSE or JSON) → telemetry
+
+Each hop is a module under ``gateway/hops``; they share one typed per-request context
+(:mod:`gateway.context`) and data only moves forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+
+from gateway.config import Config, load_config
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, NotFound, PayloadTooLarge
+from gateway.hops import upstream
+from gateway.hops.auth import Auth
+from gateway.hops.edge import ClientGone, Edge, read_body, send_error
+from gateway.hops.router import OPERATIONS, Router
+from gateway.hops.upstream import Backend
+from gateway.streaming import Relay
+from gateway.types import Message, Receive, Scope, Send
+
+log = logging.getLogger("gateway")
+
+MODELS_CACHE_S = 60.0
+MODELS_TIMEOUT_S = 3.0
+_GLOB_CHARS = frozenset("*?[")
+
+
+class ResponseAborted(Exception):
+    """The upstream failed after the response started: the client connection is dropped so a
+    partial body can never be mistaken for a complete one."""
+
+
+class Gateway:
+    """The ASGI application. Per-request state lives in a :class:`RequestContext`, never here."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.edge = Edge(config.edge)
+        self.auth = Auth()
+        self.relay = Relay()
+        self.max_body = config.server.max_body_bytes
+        self.backends: dict[str, Backend] = {}
+        self.router: Router | None = None
+        self.ready = False
+        self._models_cache: dict[str, tuple[float, list[str]]] = {}
+        self._paths = {
+            "/v1/chat/completions": self.model_call,
+            "/v1/completions": self.model_call,
+            "/v1/embeddings": self.model_call,
+            "/v1/models": self.list_models,
+            "/healthz": self.healthz,
+            "/readyz": self.readyz,
+        }
+
+    # ------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            handler = self._paths.get(scope["path"])
+            if handler is not None:
+                await handler(scope, receive, send)
+            elif scope["path"].startswith("/v1/"):
+                await self.passthrough(scope, receive, send)
+            else:
+                await self.not_found(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        # websockets are not part of the OpenAI HTTP surface: uvicorn closes them
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        for cfg in self.config.backends:
+            if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+                log.warning(
+                    "backend %s: env var %s is not set; no key is sent upstream",
+                    cfg.name,
+                    cfg.api_key_env,
+                )
+            self.backends[cfg.name] = Backend(cfg)
+        self.router = Router(self.config.routes, self.backends)
+        self.ready = True
+
+    async def shutdown(self) -> None:
+        self.ready = False
+        await asyncio.gather(
+            *(b.transport.aclose() for b in self.backends.values()), return_exceptions=True
+        )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Gateway]:
+        """Startup/shutdown without an ASGI server (unit tests, embedding)."""
+        await self.startup()
+        try:
+            yield self
+        finally:
+            await self.shutdown()
+
+    # ------------------------------------------------------------ the hot path
+
+    async def model_call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await self.passthrough(scope, receive, send)
+            return
+        ctx = self.edge.accept(scope)  # trust, X-Forwarded-*, request id
+        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        try:
+            ctx.body = await read_body(ctx, receive, self.max_body)  # bounded: 413
+            ctx.timeline.body_received = time.perf_counter()
+            self.auth.check(ctx)  # key -> tenant
+            assert self.router is not None
+            self.router.route(ctx)  # parse once, route, policies
+            route = ctx.route
+            assert route is not None
+            resp, attempt = await upstream.forward(  # attempts, backoff, fallback
+                ctx,
+                route.backends,
+                route.config.retries,
+                route.config.retry_on_timeout,
+                ctx.body,
+            )
+            if ctx.stream and resp.status == 200:  # relay event by event
+                idle = attempt.backend.config.stream_idle_timeout_s
+                await self.relay.relay_sse(ctx, resp, attempt, send, receive, idle)
+            else:  # held until complete: honest 502
+                await self.relay.relay_json(ctx, resp, attempt, send)
+        except GatewayError as exc:
+            await self._fail(ctx, exc, send)
+        except ClientGone:
+            ctx.status = 499
+        finally:
+            self.finish(ctx)
+
+    async def _fail(self, ctx: RequestContext, exc: GatewayError, send: Send) -> None:
+        ctx.error = exc
+        if not ctx.response_started:
+            await send_error(ctx, exc, send)
+            return
+        log.warning(
+            "request %s: upstream failed after the response started: %s",
+            ctx.request_id,
+            exc.message,
+        )
+        raise ResponseAborted(exc.message) from exc
+
+    def finish(self, ctx: RequestContext) -> None:
+        t = ctx.timeline
+        if t.done is None:
+            t.done = time.perf_counter()
+        if ctx.disconnected and ctx.status < 400:
+            ctx.status = 499
+
+    # ------------------------------------------------------------ other endpoints
+
+    async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Other ``/v1/*`` paths: to the first route's backend, unchanged and streamed."""
+        ctx = self.edge.accept(scope)
+        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        try:
+            assert self.router is not None
+            backend = self.router.routes[0].backends[0]
+            body = _streamed_body(ctx, receive, self.max_body)
+            self.auth.check(ctx)
+            resp, attempt = await upstream.forward(ctx, (backend,), 0, False, body)
+            await self.relay.relay_raw(ctx, resp, attempt, send)
+        except GatewayError as exc:
+            await self._fail(ctx, exc, send)
+        except ClientGone:
+            ctx.status = 499
+        finally:
+            self.finish(ctx)
+
+    async def list_models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "GET":
+            await self.passthrough(scope, receive, send)
+            return
+        ctx = self.edge.accept(scope)
+        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        assert self.router is not None
+        owners: dict[str, str] = {}
+        globbed: dict[str, list[str]] = {}
+        for route in self.router.routes:
+            for pattern in route.config.models:
+                if _GLOB_CHARS.isdisjoint(pattern):
+                    owners.setdefault(pattern, route.backends[0].name)
+                else:
+                    for b in route.backends:
+                        globbed.setdefault(b.name, []).append(pattern)
+        listed = await asyncio.gather(*(self._backend_models(self.backends[n]) for n in globbed))
+        for name, models in zip(globbed, listed, strict=True):
+            for model in models:
+                # a listed model is exposed only if this route is the one that would serve it
+                serving = self.router.match(model)
+                if serving is not None and any(b.name == name for b in serving.backends):
+                    owners.setdefault(model, name)
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": o} for m, o in owners.items()
+        ]
+        await self._json(ctx, send, 200, {"object": "list", "data": data})
+        self.finish(ctx)
+
+    async def _backend_models(self, backend: Backend) -> list[str]:
+        cached = self._models_cache.get(backend.name)
+        now = time.monotonic()
+        if cached and now - cached[0] < MODELS_CACHE_S:
+            return cached[1]
+        headers = [backend.auth_header] if backend.auth_header else []
+        try:
+            async with asyncio.timeout(MODELS_TIMEOUT_S):
+                resp = await backend.transport.request(
+                    "GET", backend.url_for("/v1/models", b""), headers, None
+                )
+                try:
+                    body = b"".join([c async for c in resp.aiter_raw()])
+                finally:
+                    await resp.aclose()
+            ids = [m["id"] for m in orjson.loads(body)["data"] if isinstance(m.get("id"), str)]
+        except (GatewayError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+            log.info(
+                "backend %s: /models not reachable; its glob routes list no models", backend.name
+            )
+            ids = cached[1] if cached else []
+        self._models_cache[backend.name] = (now, ids)
+        return ids
+
+    async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _plain_json(send, 200, {"status": "ok"})
+
+    async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body: dict[str, Any] = {
+            "status": "ready" if self.ready else "starting",
+            "config": self.config.source,
+            "backends": {
+                n: "mock" if b.config.is_mock else "pooled" for n, b in self.backends.items()
+            },
+        }
+        await _plain_json(send, 200 if self.ready else 503, body)
+
+    async def not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = self.edge.accept(scope)
+        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        await send_error(
+            ctx, NotFound(f"no such endpoint: {scope['path']}", code="unknown_path"), send
+        )
+        self.finish(ctx)
+
+    async def _json(self, ctx: RequestContext, send: Send, status: int, obj: Any) -> None:
+        body = orjson.dumps(obj)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await self.relay.start(ctx, send, status, headers)
+        await send({"type": "http.response.body", "body": body})
+
+
+def _streamed_body(
+    ctx: RequestContext, receive: Receive, limit: int
+) -> AsyncIterator[bytes] | None:
+    """The request body as an async iterator for passthrough (None when there is none)."""
+    has_body = False
+    for name, value in ctx.scope["headers"]:
+        if name == b"content-length":
+            if value.isdigit() and int(value) > limit:
+                raise PayloadTooLarge(
+                    f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+                )
+            has_body = value != b"0"
+        elif name == b"transfer-encoding":
+            has_body = True
+    if not has_body:
+        return None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        size = 0
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                ctx.disconnected = True
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+
+    return chunks()
+
+
+async def _plain_json(send: Send, status: int, obj: Any) -> None:
+    body = orjson.dumps(obj)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(config: Config | None = None) -> Gateway:
+    """The app for a config (default: ``$GATEWAY_CONFIG`` or the embedded default)."""
+    return Gateway(config or load_config())
+
+
+__all__ = ["OPERATIONS", "Gateway", "create_app"]

@@ -1,0 +1,249 @@
+"""The edge hop: trust, proxy header hygiene, request id, edge timing headers, body intake.
+
+Forwarding and timing headers count only from peers in ``edge.trusted_proxies``
+(DESIGN habit 9, after uvicorn's ``ProxyHeadersMiddleware``). Hop-by-hop headers
+(RFC 9110 §7.6.1) never cross the gateway in either direction.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+
+from gateway.config import EdgeConfig
+from gateway.context import RequestContext, Timeline
+from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.types import RawHeaders, Receive, Scope, Send
+
+#: RFC 9110 §7.6.1 plus the legacy ones SPEC §5 names
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"trailer",
+    }
+)
+# Request headers the edge consumes instead of forwarding verbatim.
+_CONSUMED = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"authorization",
+    b"api-key",
+    b"accept-encoding",
+    b"content-encoding",
+    b"expect",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"forwarded",
+    b"x-request-id",
+    b"traceparent",
+    b"tracestate",
+}
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")
+_TRUST_CACHE_MAX = 4096
+
+
+class Edge:
+    def __init__(self, cfg: EdgeConfig) -> None:
+        self._networks = [ipaddress.ip_network(n, strict=False) for n in cfg.trusted_proxies]
+        self._trust_cache: dict[str, bool] = {}
+        #: lower-cased timing header -> hop name, outermost first
+        self.hop_headers: dict[bytes, str] = {h.header.lower().encode(): h.name for h in cfg.hops}
+        self.hop_names = [h.name for h in cfg.hops]
+
+    def trusts(self, host: str) -> bool:
+        trusted = self._trust_cache.get(host)
+        if trusted is None:
+            try:
+                addr = ipaddress.ip_address(host)
+            except ValueError:
+                trusted = False  # unix sockets, names: never trusted implicitly
+            else:
+                trusted = any(addr in net for net in self._networks)
+            if len(self._trust_cache) >= _TRUST_CACHE_MAX:
+                self._trust_cache.clear()
+            self._trust_cache[host] = trusted
+        return trusted
+
+    def accept(self, scope: Scope) -> RequestContext:
+        """Build the request context from the ASGI scope (one pass over the headers)."""
+        ctx = RequestContext(scope, Timeline())
+        trusted = ctx.peer_trusted = self.trusts(ctx.peer)
+        forward: list[tuple[str, str]] = []
+        xff = xfp = xfh = fwd = host = rid = tp = ts = None
+        connection_tokens: set[str] | None = None
+        hop_values: dict[str, bytes] | None = None
+        hop_headers = self.hop_headers
+        for name, value in scope["headers"]:
+            if name not in _CONSUMED:
+                if hop_headers and name in hop_headers:
+                    if hop_values is None:
+                        hop_values = {}
+                    hop_values[hop_headers[name]] = value
+                forward.append((name.decode("latin-1"), value.decode("latin-1")))
+            elif name == b"authorization":
+                if value[:7].lower() == b"bearer ":
+                    ctx.credential = value[7:].strip()
+                else:
+                    ctx.credential = value
+            elif name == b"api-key":  # Azure OpenAI style
+                ctx.credential = value.strip()
+            elif name == b"host":
+                host = value
+            elif name == b"accept-encoding":
+                ctx.accept_encoding = value
+            elif name == b"content-encoding":
+                ctx.content_encoding = value
+            elif name == b"x-request-id":
+                rid = value
+            elif name == b"x-forwarded-for":
+                xff = value if xff is None else xff + b", " + value
+            elif name == b"x-forwarded-proto":
+                xfp = value
+            elif name == b"x-forwarded-host":
+                xfh = value
+            elif name == b"forwarded":
+                fwd = value
+            elif name == b"traceparent":
+                tp = value
+            elif name == b"tracestate":
+                ts = value
+            elif name == b"connection":
+                tokens = {t.strip().lower() for t in value.decode("latin-1").split(",")}
+                connection_tokens = tokens | (connection_tokens or set())
+        if connection_tokens:  # RFC 9110 §7.6.1: headers named by Connection are hop-by-hop too
+            forward = [(k, v) for k, v in forward if k.lower() not in connection_tokens]
+            if hop_values:
+                for hop, header in zip(self.hop_names, hop_headers, strict=True):
+                    if header.decode() in connection_tokens:
+                        hop_values.pop(hop, None)
+
+        ctx.request_id = (
+            rid.decode() if rid and _REQUEST_ID.fullmatch(rid) else os.urandom(16).hex()
+        )
+        forward.append(("x-request-id", ctx.request_id))
+
+        peer = ctx.peer
+        if trusted and xff:
+            chain = xff.decode("latin-1")
+            forward.append(("x-forwarded-for", f"{chain}, {peer}" if peer else chain))
+            ctx.client_address = self._client_from_chain(chain) or peer
+        elif peer:
+            forward.append(("x-forwarded-for", peer))
+        scheme = scope.get("scheme", "http")
+        forward.append(("x-forwarded-proto", xfp.decode("latin-1") if trusted and xfp else scheme))
+        if trusted and xfh:
+            forward.append(("x-forwarded-host", xfh.decode("latin-1")))
+        elif host:
+            forward.append(("x-forwarded-host", host.decode("latin-1")))
+        if trusted and fwd:
+            forward.append(("forwarded", fwd.decode("latin-1")))
+        ctx.upstream_headers = forward
+        if tp is not None:
+            ctx.trace = (tp, ts)
+        if hop_values:
+            if trusted:
+                ctx.edge_times = [(n, _raw_time(hop_values.get(n))) for n in self.hop_names]
+            else:
+                ctx.edge_marks = dict.fromkeys(hop_values, "untrusted")
+        return ctx
+
+    def _client_from_chain(self, chain: str) -> str | None:
+        # Walk right to left past our own trusted proxies; the first other address is the client.
+        hosts = [h.strip() for h in chain.split(",") if h.strip()]
+        for h in reversed(hosts):
+            if not self.trusts(h):
+                return h
+        return hosts[0] if hosts else None
+
+
+def _raw_time(value: bytes | None) -> float | None:
+    """Parse an X-Request-Start style value to epoch seconds; the unit comes from its magnitude.
+
+    ``t=1700000000.123`` (s), ``t=1700000000123`` (ms), ``t=1700000000123456`` (µs), bare
+    digits, and ns for 19-digit values. Returns None for anything unparseable.
+    """
+    if not value:
+        return None
+    text = value.strip()
+    if text[:2] in (b"t=", b"T="):
+        text = text[2:]
+    # some LBs send "t=<value> D=<duration>"; keep the first token
+    text = text.split()[0] if text else text
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    if v != v or v <= 0 or v == float("inf"):
+        return None
+    if v >= 1e17:
+        return v / 1e9
+    if v >= 1e14:
+        return v / 1e6
+    if v >= 1e11:
+        return v / 1e3
+    return v
+
+
+async def read_body(ctx: RequestContext, receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing past ``limit`` bytes (413) without reading on."""
+    declared = None
+    for name, value in ctx.scope["headers"]:
+        if name == b"content-length":
+            declared = value
+            break
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
+            code="body_too_large",
+        )
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+            )
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            ctx.disconnected = True
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class ClientGone(Exception):
+    """The client went away before the answer was complete (logged as status 499)."""
+
+
+async def send_error(ctx: RequestContext, exc: GatewayError, send: Send) -> None:
+    """Render a gateway error in the OpenAI shape (SPEC §5). Only the edge renders errors."""
+    body = exc.body()
+    headers: RawHeaders = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-should-retry", b"true" if exc.should_retry else b"false"),
+    ]
+    headers.extend(ctx.response_headers)
+    ctx.status = exc.status
+    ctx.response_started = True
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,1 @@
+"""The built-in OpenAI-compatible mock backend (see :mod:`gateway.mock.engine`)."""

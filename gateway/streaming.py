@@ -1,0 +1,455 @@
+"""SSE parsing, stream validation and the three response relays (SPEC §8).
+
+- :func:`relay_json`: non-stream answers. Held until complete (bounded), so a short or broken
+  body becomes a 502, never a truncated 200; only bodies beyond :data:`HOLD_LIMIT` stream on.
+- :func:`relay_sse`: ``stream: true`` answers, relayed event by event as they arrive.
+  Headers go out with the first event (until then a failure is still a clean 502). A stream
+  that breaks, ends without ``data: [DONE]`` or idles past ``stream_idle_timeout_s`` ends with
+  the SPEC §8 error event so SDKs raise. A client that goes away cancels the upstream read.
+- :func:`relay_raw`: other ``/v1/*`` paths, passed through chunk by chunk.
+
+Every relay closes the upstream response in a ``finally`` (DESIGN habit 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from gateway.context import Attempt, RequestContext
+from gateway.encoding import Encoder, IdentityEncoder
+from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
+from gateway.hops.edge import HOP_BY_HOP
+from gateway.transports.base import UpstreamResponse
+from gateway.types import RawHeaders, Receive, Send
+
+#: non-stream bodies up to this size are held until complete (honest 502 on a short body)
+HOLD_LIMIT = 8 * 1024 * 1024
+#: response headers never copied from the upstream (the gateway sets its own)
+_DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+_SSE_HEADERS: RawHeaders = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+#: called right before the response headers go out; returns headers known at that time
+HeaderHook = Callable[[RequestContext], RawHeaders]
+
+
+def copy_headers(
+    upstream: RawHeaders, drop: frozenset[bytes] | set[bytes] = _DROP_RESPONSE
+) -> RawHeaders:
+    out: RawHeaders = []
+    connection_named: set[bytes] = set()
+    for k, v in upstream:
+        if k == b"connection":
+            connection_named.update(t.strip().lower() for t in v.split(b","))
+        elif k not in drop:
+            if k == b"x-request-id":
+                continue
+            out.append((k, v))
+    if connection_named:
+        out = [(k, v) for k, v in out if k not in connection_named]
+    return out
+
+
+def upstream_request_id(upstream: RawHeaders) -> list[tuple[bytes, bytes]]:
+    for k, v in upstream:
+        if k == b"x-request-id":
+            return [(b"x-upstream-request-id", v)]
+    return []
+
+
+# ---------------------------------------------------------------- SSE parsing
+
+
+class SSEParser:
+    """Incremental splitter of an SSE byte stream into raw events (WHATWG HTML §9.2.6).
+
+    Events end at a blank line; lines end with CRLF, LF or CR. :meth:`feed` returns each
+    complete event's bytes exactly as received (terminator included), so the relay forwards
+    what the upstream sent and an incomplete tail never reaches the client.
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf + chunk if self._buf else chunk
+        events: list[bytes] = []
+        start = 0
+        if b"\r" not in buf:  # the common case: LF-only framing
+            while (i := buf.find(b"\n\n", start)) >= 0:
+                events.append(buf[start : i + 2])
+                start = i + 2
+            self._buf = buf[start:]
+            return events
+        pos = start
+        line_start = start
+        n = len(buf)
+        while pos < n:
+            c = buf[pos]
+            if c == 0x0A or c == 0x0D:  # \n or \r
+                if c == 0x0D:
+                    if pos + 1 >= n:
+                        break  # a CR at the end may be half of a CRLF: wait for more
+                    end = pos + 2 if buf[pos + 1] == 0x0A else pos + 1
+                else:
+                    end = pos + 1
+                if pos == line_start:  # empty line: the event is complete
+                    if line_start > start:
+                        events.append(buf[start:end])
+                    start = end
+                line_start = end
+                pos = end
+            else:
+                pos += 1
+        self._buf = buf[start:]
+        return events
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of an unfinished event (non-empty at end of stream means the stream was cut)."""
+        return self._buf
+
+
+def event_data(raw: bytes) -> bytes | None:
+    """The ``data`` of one raw event (data lines joined by LF); None for comment-only events."""
+    data: list[bytes] = []
+    for line in raw.splitlines():
+        if line.startswith(b"data"):
+            value = line[4:]
+            if value[:1] == b":":
+                value = value[1:]
+                if value[:1] == b" ":
+                    value = value[1:]
+            elif value:  # a field named e.g. "database": not data
+                continue
+            data.append(value)
+    return b"\n".join(data) if data else None
+
+
+DONE = b"[DONE]"
+
+
+# ---------------------------------------------------------------- response facts
+
+
+def note_answer(ctx: RequestContext, obj: Any) -> bool:
+    """Record id/model/usage/finish reasons from a chat/completion object or chunk.
+
+    Returns True when the object carries content (a delta with content, tool calls, text).
+    """
+    if not isinstance(obj, dict):
+        return False
+    if ctx.response_id is None and isinstance(obj.get("id"), str):
+        ctx.response_id = obj["id"]
+    if ctx.response_model is None and isinstance(obj.get("model"), str):
+        ctx.response_model = obj["model"]
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        note_usage(ctx, usage)
+    content = False
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            fr = choice.get("finish_reason")
+            if isinstance(fr, str):
+                ctx.finish_reasons.append(fr)
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                if (
+                    delta.get("content")
+                    or delta.get("tool_calls")
+                    or delta.get("refusal")
+                    or delta.get("reasoning_content")
+                ):
+                    content = True
+            elif choice.get("text"):
+                content = True
+    return content
+
+
+def note_usage(ctx: RequestContext, usage: dict[str, Any]) -> None:
+    pt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    ct = usage.get("completion_tokens", usage.get("output_tokens"))
+    if isinstance(pt, int):
+        ctx.input_tokens = pt
+    if isinstance(ct, int):
+        ctx.output_tokens = ct
+
+
+def note_json_body(ctx: RequestContext, body: bytes) -> None:
+    """Read usage (and for small bodies id/model/finish reasons) from a JSON answer."""
+    if len(body) <= 64 * 1024:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        note_answer(ctx, obj)
+        return
+    # Large bodies are embeddings: parse only the usage object at the end, not 1536 floats.
+    i = body.rfind(b'"usage"')
+    j = body.find(b"{", i) if i >= 0 else -1
+    k = body.find(b"}", j) if j >= 0 else -1
+    if k > j >= 0:
+        try:
+            usage = orjson.loads(body[j : k + 1])
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(usage, dict):
+            note_usage(ctx, usage)
+
+
+# ---------------------------------------------------------------- relays
+
+
+class Relay:
+    """Writes answers to the client; one per app (no per-request state on self, habit 2)."""
+
+    def __init__(self, header_hook: HeaderHook | None = None) -> None:
+        self._header_hook = header_hook
+
+    async def start(
+        self, ctx: RequestContext, send: Send, status: int, headers: RawHeaders
+    ) -> None:
+        ctx.timeline.client_first_byte = time.perf_counter()
+        headers.extend(ctx.response_headers)
+        if self._header_hook is not None:
+            headers.extend(self._header_hook(ctx))
+        ctx.status = status
+        ctx.response_started = True
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def relay_json(
+        self,
+        ctx: RequestContext,
+        resp: UpstreamResponse,
+        attempt: Attempt,
+        send: Send,
+        encoder: Encoder | None = None,
+    ) -> bytes | None:
+        """Relay a non-stream answer; returns the whole (decoded) body when it was held."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            chunks = resp.aiter_raw()
+            async for chunk in chunks:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > HOLD_LIMIT:
+                    await self._stream_rest(ctx, resp, send, parts, chunks)
+                    return None
+        finally:
+            _upstream_finished(ctx, attempt)
+            await resp.aclose()
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        headers = copy_headers(resp.headers)
+        headers.extend(upstream_request_id(resp.headers))
+        headers.append((b"content-length", str(len(body)).encode()))
+        if 200 <= resp.status < 300:
+            note_json_body(ctx, body)
+        await self.start(ctx, send, resp.status, headers)
+        await send({"type": "http.response.body", "body": body})
+        ctx.timeline.done = time.perf_counter()
+        return body
+
+    async def _stream_rest(
+        self,
+        ctx: RequestContext,
+        resp: UpstreamResponse,
+        send: Send,
+        parts: list[bytes],
+        chunks: AsyncIterator[bytes],
+    ) -> None:
+        # Too big to hold: keep the upstream's Content-Length so a later cut is visible to the
+        # client as a short body, never as a complete one.
+        headers = copy_headers(resp.headers, _DROP_RESPONSE - {b"content-length"})
+        headers.extend(upstream_request_id(resp.headers))
+        await self.start(ctx, send, resp.status, headers)
+        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+        async for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        ctx.timeline.done = time.perf_counter()
+
+    async def relay_raw(
+        self, ctx: RequestContext, resp: UpstreamResponse, attempt: Attempt, send: Send
+    ) -> None:
+        """Pass an answer through chunk by chunk (paths the gateway does not interpret)."""
+        try:
+            headers = copy_headers(resp.headers, _DROP_RESPONSE - {b"content-length"})
+            headers.extend(upstream_request_id(resp.headers))
+            await self.start(ctx, send, resp.status, headers)
+            async for chunk in resp.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            ctx.timeline.done = time.perf_counter()
+        finally:
+            _upstream_finished(ctx, attempt)
+            await resp.aclose()
+
+    async def relay_sse(
+        self,
+        ctx: RequestContext,
+        resp: UpstreamResponse,
+        attempt: Attempt,
+        send: Send,
+        receive: Receive,
+        idle_timeout: float,
+        encoder: Encoder | None = None,
+        tee: Callable[[bytes], None] | None = None,
+    ) -> bool:
+        """Relay an SSE answer event by event. Returns True when it ended with ``[DONE]``."""
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, ctx))
+        try:
+            return await self._relay_events(
+                ctx, resp, attempt, send, idle_timeout, encoder or IdentityEncoder(), tee
+            )
+        except asyncio.CancelledError:
+            if not ctx.disconnected:
+                raise
+            task.uncancel()
+            return False
+        finally:
+            watcher.cancel()
+            _upstream_finished(ctx, attempt)
+            await resp.aclose()
+
+    async def _relay_events(
+        self,
+        ctx: RequestContext,
+        resp: UpstreamResponse,
+        attempt: Attempt,
+        send: Send,
+        idle_timeout: float,
+        encoder: Encoder,
+        tee: Callable[[bytes], None] | None,
+    ) -> bool:
+        ctype = _header(resp.headers, b"content-type") or b""
+        if not ctype.lower().startswith(b"text/event-stream"):
+            raise UpstreamError(
+                f"upstream answered a streaming request with content-type "
+                f"{ctype.decode('latin-1') or 'none'!r}, not text/event-stream",
+                code="upstream_bad_content_type",
+            )
+        parser = SSEParser()
+        timeline = ctx.timeline
+        loop = asyncio.get_running_loop()
+        headers = copy_headers(resp.headers, _DROP_RESPONSE | {b"content-type", b"cache-control"})
+        headers[:0] = _SSE_HEADERS
+        headers.extend(upstream_request_id(resp.headers))
+        headers.extend(encoder.headers)
+        done = False
+        cut: UpstreamStreamError | None = None
+        chunks = resp.aiter_raw()
+        try:
+            async with asyncio.timeout(idle_timeout) as idle:
+                async for chunk in chunks:
+                    events = parser.feed(chunk)
+                    if not events:
+                        idle.reschedule(loop.time() + idle_timeout)
+                        continue
+                    now = time.perf_counter()
+                    out: list[bytes] = []
+                    for raw in events:
+                        if done:
+                            break  # nothing after [DONE] is part of the answer
+                        data = event_data(raw)
+                        if data is None:
+                            out.append(raw)  # comments / keep-alives pass through
+                            continue
+                        if data == DONE:
+                            done = True
+                        elif data[:1] == b"{":
+                            try:
+                                obj = orjson.loads(data)
+                            except orjson.JSONDecodeError:
+                                obj = None
+                            if note_answer(ctx, obj) and timeline.first_content is None:
+                                timeline.first_content = now
+                        out.append(raw)
+                        if tee is not None:
+                            tee(raw)
+                    if out:
+                        if timeline.last_event is not None:
+                            timeline.event_gaps.append(now - timeline.last_event)
+                        timeline.last_event = now
+                        payload = b"".join(out)
+                        if not ctx.response_started:
+                            await self.start(ctx, send, 200, headers)
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": encoder.encode(payload) + encoder.flush(),
+                                "more_body": True,
+                            }
+                        )
+                    if done:
+                        break
+                    idle.reschedule(loop.time() + idle_timeout)
+        except TimeoutError:
+            cut = UpstreamStreamError(
+                f"upstream stream was idle for more than {idle_timeout:g} s",
+                code="upstream_stream_idle_timeout",
+            )
+        except (UpstreamError, UpstreamTimeout) as exc:
+            if not ctx.response_started:
+                raise
+            cut = UpstreamStreamError(f"upstream stream broke: {exc.message}")
+        else:
+            if not done:
+                what = "ended without data: [DONE]"
+                if parser.pending.strip():
+                    what = "ended in the middle of an event"
+                cut = UpstreamStreamError(f"upstream stream {what}")
+        if cut is not None:
+            if not ctx.response_started:
+                raise cut_to_http(cut)
+            ctx.error = cut
+            tail = encoder.encode(cut.sse_event()) + encoder.finish()
+        else:
+            tail = encoder.finish()
+        await send({"type": "http.response.body", "body": tail})
+        timeline.done = time.perf_counter()
+        return done
+
+
+def cut_to_http(cut: UpstreamStreamError) -> GatewayError:
+    """Before any byte reached the client a cut stream is an ordinary 502 (or 504 when idle)."""
+    if cut.code == "upstream_stream_idle_timeout":
+        return UpstreamTimeout(cut.message, code=cut.code)
+    return UpstreamError(cut.message, code=cut.code)
+
+
+def _upstream_finished(ctx: RequestContext, attempt: Attempt) -> None:
+    if attempt.end is None:
+        attempt.end = time.perf_counter()
+        ctx.timeline.upstream_done = attempt.end
+
+
+def _header(headers: RawHeaders, name: bytes) -> bytes | None:
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ctx: RequestContext) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            ctx.disconnected = True
+            task.cancel()
+            return

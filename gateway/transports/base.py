@@ -1,0 +1,52 @@
+"""The upstream transport interface (SPEC §1, DESIGN habit 4).
+
+One implementation per client library, side by side, chosen per backend by :func:`for_backend`
+(``transports/__init__.py``): aiohttp for HTTP/1.1 (the hot path), httpx2 for ``http2 = true``,
+and the in-process mock for ``mock://``. Each implementation translates its library's exceptions
+into the gateway's (:mod:`gateway.errors`) inside the transport, so nothing above this layer
+ever sees an aiohttp or httpx2 exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Protocol
+
+from gateway.types import RawHeaders
+
+Body = bytes | AsyncIterable[bytes] | None
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    #: response headers, names lower-cased, as received (hop-by-hop ones included)
+    headers: RawHeaders
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as the upstream sent it (still content-encoded), chunk by chunk as it arrives.
+
+        Raises :class:`gateway.errors.UpstreamError` on resets and framing errors and
+        :class:`gateway.errors.UpstreamTimeout` when a read exceeds the backend's read timeout.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection: back to the pool when the body was read, closed otherwise."""
+        ...
+
+
+class Transport(Protocol):
+    async def request(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: Body
+    ) -> UpstreamResponse:
+        """Send a request and return once the response headers are in (body not read yet)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def header_value(headers: RawHeaders, name: bytes) -> bytes | None:
+    for k, v in headers:
+        if k == name:
+            return v
+    return None

@@ -1,0 +1,66 @@
+"""In-process transport for ``mock://`` backends: the embedded default needs no server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator
+from urllib.parse import urlsplit
+
+from gateway.config import BackendConfig
+from gateway.mock.engine import MockSettings, reply
+from gateway.transports.base import Body
+from gateway.types import RawHeaders
+
+
+class MockResponse:
+    __slots__ = ("_body", "_events", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        headers: RawHeaders,
+        body: bytes | None,
+        events: AsyncIterator[bytes] | None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._body = body
+        self._events = events
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self._body is not None:
+            yield self._body
+        elif self._events is not None:
+            async for chunk in self._events:
+                yield chunk
+
+    async def aclose(self) -> None:
+        if self._events is not None and hasattr(self._events, "aclose"):
+            await self._events.aclose()
+
+
+class MockTransport:
+    def __init__(self, backend: BackendConfig) -> None:
+        self._settings = MockSettings.from_url(backend.url)
+
+    async def request(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: Body
+    ) -> MockResponse:
+        if isinstance(body, AsyncIterable):
+            body = b"".join([chunk async for chunk in body])
+        lowered = {k.lower(): v for k, v in headers}
+        try:
+            settings = self._settings.from_headers(lowered)
+        except ValueError as exc:
+            msg = str(exc).encode()
+            return MockResponse(400, [(b"content-type", b"text/plain")], msg, None)
+        r = reply(method, urlsplit(url).path, body or b"", settings)
+        if r.delay_s:
+            await asyncio.sleep(r.delay_s)
+        out: RawHeaders = [(b"content-type", r.content_type.encode())]
+        if r.body is not None:
+            out.append((b"content-length", str(len(r.body)).encode()))
+        return MockResponse(r.status, out, r.body, r.events)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gateway.config import Config
+from tests.support import (
+    GatewayServer,
+    Handler,
+    Process,
+    ScriptedUpstream,
+    free_port,
+    gateway_cli,
+)
+
+#: the key backends send upstream in tests (configs name it with api_key_env)
+BACKEND_KEY = "sk-backend-secret-for-tests"
+os.environ["TEST_BACKEND_KEY"] = BACKEND_KEY
+
+
+@pytest.fixture(scope="session")
+def mock_upstream() -> Iterator[Process]:
+    """``gateway mock-upstream`` as its own process (the upstream is a separate server)."""
+    port = free_port()
+    proc = Process(gateway_cli("mock-upstream", "--port", str(port)), port)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def gateway() -> Iterator[Callable[[Config], GatewayServer]]:
+    """Factory: start the gateway for a config as a real server on a loopback port."""
+    servers: list[GatewayServer] = []
+
+    def start(config: Config) -> GatewayServer:
+        server = GatewayServer(config).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in reversed(servers):
+        s.stop()
+
+
+@pytest.fixture
+def upstream() -> Iterator[Callable[[Handler], ScriptedUpstream]]:
+    """Factory: a scripted HTTP/1.1 upstream on a loopback port."""
+    servers: list[ScriptedUpstream] = []
+
+    def start(handler: Handler) -> ScriptedUpstream:
+        server = ScriptedUpstream(handler).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in reversed(servers):
+        s.stop()
+
+
+def pytest_report_header(config: Any) -> str:
+    return f"llm-gateway tests; backend key env TEST_BACKEND_KEY set"
