@@ -89,6 +89,50 @@ class EdgeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    backend: Literal["memory", "redis", "off"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    #: env var holding the Redis password (kept out of the URL and the file)
+    password_env: str | None = None
+    cluster: bool = False
+    ttl_s: float = 600.0
+    mode: Literal["deterministic", "all"] = "deterministic"
+    scope: Literal["tenant", "global"] = "tenant"
+    max_entry_bytes: int = 1024 * 1024
+    namespace: str = "default"
+    #: memory backend: LRU bounds
+    max_entries: int = 10_000
+    max_memory_bytes: int = 256 * 1024 * 1024
+    #: redis: socket connect/read timeout per command; a slow Redis costs at most this
+    timeout_ms: float = 50.0
+    #: circuit breaker: open after this many consecutive failures, probe again after reset_s
+    breaker_failures: int = 3
+    breaker_reset_s: float = 5.0
+    #: single flight across replicas: how long a follower waits for the leader's entry
+    flight_wait_ms: float = 5000.0
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    exporter: Literal["otlp", "console", "none"] = "none"
+    #: OTLP endpoint; unset = OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT or the SDK default
+    endpoint: str | None = None
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    sample_ratio: float = 1.0
+    service_name: str = "llm-gateway"
+    trust_incoming: bool = True
+    #: put prompts and completions on spans (off: they never leave the process)
+    capture_content: bool = False
+    #: BatchSpanProcessor bounds: a dead collector costs dropped spans, never request time
+    max_queue_size: int = 2048
+    max_export_batch_size: int = 512
+    schedule_delay_ms: float = 1000.0
+    export_timeout_s: float = 5.0
+    #: on shutdown, wait at most this long for the exporter to flush
+    shutdown_timeout_s: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingConfig:
     access_log: Literal["all", "sampled", "off"] = "sampled"
     slow_ms: float = 500.0
@@ -102,6 +146,8 @@ class Config:
     routes: tuple[RouteConfig, ...]
     server: ServerConfig = field(default_factory=ServerConfig)
     edge: EdgeConfig = field(default_factory=EdgeConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     #: where the config came from (a path, or "<embedded default>")
     source: str = field(default="<text>", compare=False)
@@ -152,8 +198,7 @@ def load_config(
     errors: list[str] = []
     _apply_env(data, env, errors)
     cfg = _build(Config, data, "", errors)
-    if not errors:
-        assert isinstance(cfg, Config)
+    if isinstance(cfg, Config):  # keys that failed to build took their defaults: check the rest
         _validate(cfg, errors)
     if errors:
         raise ConfigError(errors)
@@ -378,6 +423,30 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         hop_names.add(hop.name)
         if not hop.header:
             errors.append(f"edge.hops[{i}].header: must name a header")
+    c = cfg.cache
+    if c.backend == "redis":
+        scheme = urlsplit(c.url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            errors.append(f"cache.url: scheme must be redis, rediss or unix, got {c.url!r}")
+    for name in ("ttl_s", "max_entry_bytes", "max_entries", "max_memory_bytes", "timeout_ms",
+                 "breaker_failures", "breaker_reset_s"):
+        if getattr(c, name) <= 0:
+            errors.append(f"cache.{name}: must be > 0")
+    if c.flight_wait_ms < 0:
+        errors.append("cache.flight_wait_ms: must be >= 0")
+    if not c.namespace or ":" in c.namespace:
+        errors.append(f"cache.namespace: must be non-empty without ':', got {c.namespace!r}")
+    tr = cfg.tracing
+    if not 0.0 <= tr.sample_ratio <= 1.0:
+        errors.append(f"tracing.sample_ratio: must be within 0..1, got {tr.sample_ratio}")
+    if tr.endpoint is not None and urlsplit(tr.endpoint).scheme not in ("http", "https"):
+        errors.append(f"tracing.endpoint: must be an http(s) URL, got {tr.endpoint!r}")
+    for name in ("max_queue_size", "max_export_batch_size", "schedule_delay_ms",
+                 "export_timeout_s", "shutdown_timeout_s"):
+        if getattr(tr, name) <= 0:
+            errors.append(f"tracing.{name}: must be > 0")
+    if tr.max_export_batch_size > tr.max_queue_size:
+        errors.append("tracing.max_export_batch_size: must not exceed tracing.max_queue_size")
     lg = cfg.logging
     if not 0.0 <= lg.sample_ratio <= 1.0:
         errors.append(f"logging.sample_ratio: must be within 0..1, got {lg.sample_ratio}")
