@@ -73,7 +73,9 @@ class SSEParser:
 
     Events end at a blank line; lines end with CRLF, LF or CR. :meth:`feed` returns each
     complete event's bytes exactly as received (terminator included), so the relay forwards
-    what the upstream sent and an incomplete tail never reaches the client.
+    what the upstream sent and an incomplete tail never reaches the client. A CR that ends a
+    chunk could be the first half of a CRLF, so that event waits for the next byte; only
+    CR-only streams (not seen in practice) would feel it.
     """
 
     __slots__ = ("_buf",)

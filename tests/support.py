@@ -211,17 +211,25 @@ class ScriptedUpstream:
             async with self._server:
                 await self._server.serve_forever()
 
-        with contextlib.suppress(asyncio.CancelledError):
-            self.loop.run_until_complete(main())
+        self._main = self.loop.create_task(main())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                self.loop.run_until_complete(self._main)
+        finally:
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
 
     def stop(self) -> None:
         def _close() -> None:
-            if self._server is not None:
-                self._server.close()
             for task in asyncio.all_tasks(self.loop):
                 task.cancel()
 
-        self.loop.call_soon_threadsafe(_close)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(_close)
         self.thread.join(5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,130 @@
+"""Streaming: relayed event by event over real sockets; SSE parser properties."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.streaming import DONE, SSEParser, event_data
+from tests.support import LAST_CHUNK, chat_chunk, chunk, config_for, sse_head
+
+WORDS = ["Streams", " arrive", " one", " event", " at", " a", " time", "."]
+GAP_S = 0.3
+
+
+def paced_upstream(sent_at: list[float], gap: float = GAP_S):
+    """An upstream that sends one chat chunk every `gap` seconds, recording when each left."""
+
+    async def handler(req, writer):
+        writer.write(sse_head())
+        await writer.drain()
+        for i, word in enumerate(WORDS):
+            if i:
+                await asyncio.sleep(gap)
+            writer.write(chunk(chat_chunk(word)))
+            await writer.drain()
+            sent_at.append(time.monotonic())
+        await asyncio.sleep(gap)
+        writer.write(chunk(chat_chunk(None, finish="stop")) + chunk(b"data: [DONE]\n\n"))
+        writer.write(LAST_CHUNK)
+        await writer.drain()
+        sent_at.append(time.monotonic())
+        return True
+
+    return handler
+
+
+def test_each_event_arrives_before_the_upstream_sends_the_next(gateway, upstream):
+    sent_at: list[float] = []
+    up = upstream(paced_upstream(sent_at))
+    gw = gateway(config_for(up.url))
+    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    received_at: list[float] = []
+    text = []
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "go"}], stream=True
+    )
+    for c in stream:
+        received_at.append(time.monotonic())
+        if c.choices and c.choices[0].delta.content:
+            text.append(c.choices[0].delta.content)
+    assert "".join(text) == "".join(WORDS)
+    assert len(received_at) == len(WORDS) + 1  # the words, then the finish chunk
+    # event i reached the client before the upstream had even sent event i+1
+    for i in range(len(WORDS)):
+        assert received_at[i] < sent_at[i + 1], (i, received_at[i] - sent_at[i + 1])
+
+
+def test_stream_headers(gateway, upstream):
+    import httpx2
+
+    sent_at: list[float] = []
+    gw = gateway(config_for(upstream(paced_upstream(sent_at, gap=0.01)).url))
+    with httpx2.stream("POST", gw.base_url + "/chat/completions",
+                       json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                             "stream": True}) as resp:
+        body = b"".join(resp.iter_raw())
+    assert resp.status_code == 200
+    assert resp.headers["content-type"] == "text/event-stream"
+    assert resp.headers["cache-control"] == "no-cache"
+    assert resp.headers["x-accel-buffering"] == "no"
+    assert "content-length" not in resp.headers
+    assert body.endswith(b"data: [DONE]\n\n")
+
+
+# ---------------------------------------------------------------- the SSE parser
+
+
+def _events(n_min: int = 1):
+    line_text = st.text(st.characters(blacklist_characters="\r\n", codec="utf-8"), max_size=12)
+    field = st.one_of(
+        line_text.map(lambda t: "data: " + t),
+        line_text.map(lambda t: "data:" + t),
+        line_text.map(lambda t: ": " + t),  # comment
+        line_text.map(lambda t: "event: " + t),
+        st.just("id: 7"),
+    )
+    return st.lists(st.lists(field, min_size=1, max_size=4), min_size=n_min, max_size=6)
+
+
+@settings(max_examples=300)
+@given(events=_events(), eol=st.sampled_from(["\n", "\r\n", "\r"]), cuts=st.lists(
+    st.integers(min_value=0, max_value=400), max_size=8))
+def test_parser_independent_of_chunk_boundaries(events, eol, cuts):
+    raw = [(eol.join(lines) + eol + eol).encode() for lines in events]
+    stream = b"".join(raw)
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    parts = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    parser = SSEParser()
+    got: list[bytes] = []
+    for p in parts:
+        got.extend(parser.feed(p))
+    if eol == "\r":
+        # a CR at the very end may still be half of a CRLF: the parser waits for one more byte
+        got.extend(parser.feed(b"\n"))
+        assert [g.rstrip(b"\n") for g in got] == [r for r in raw]
+    else:
+        assert got == raw
+    assert parser.pending in (b"", b"\n")
+
+
+@given(st.lists(st.text(st.characters(blacklist_characters="\r\n"), max_size=10), min_size=1,
+                max_size=4))
+def test_multiline_data_is_joined_with_lf(values):
+    raw = ("".join(f"data: {v}\r\n" for v in values) + "\r\n").encode()
+    (event,) = SSEParser().feed(raw)
+    assert event_data(event) == "\n".join(values).encode()
+
+
+def test_event_data_edge_cases():
+    assert event_data(b": keep-alive\n\n") is None
+    assert event_data(b"data: [DONE]\n\n") == DONE
+    assert event_data(b"data:[DONE]\n\n") == DONE
+    assert event_data(b"data:  two spaces\n\n") == b" two spaces"
+    assert event_data(b"database: x\n\n") is None
+    assert event_data(b"data\n\n") == b""
+    assert event_data(b"event: ping\ndata: {}\n\n") == b"{}"
