@@ -142,8 +142,9 @@ class LoggingConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    backends: tuple[BackendConfig, ...]
-    routes: tuple[RouteConfig, ...]
+    # empty defaults so a file missing them still gets every other key checked
+    backends: tuple[BackendConfig, ...] = ()
+    routes: tuple[RouteConfig, ...] = ()
     server: ServerConfig = field(default_factory=ServerConfig)
     edge: EdgeConfig = field(default_factory=EdgeConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -428,8 +429,15 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         scheme = urlsplit(c.url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             errors.append(f"cache.url: scheme must be redis, rediss or unix, got {c.url!r}")
-    for name in ("ttl_s", "max_entry_bytes", "max_entries", "max_memory_bytes", "timeout_ms",
-                 "breaker_failures", "breaker_reset_s"):
+    for name in (
+        "ttl_s",
+        "max_entry_bytes",
+        "max_entries",
+        "max_memory_bytes",
+        "timeout_ms",
+        "breaker_failures",
+        "breaker_reset_s",
+    ):
         if getattr(c, name) <= 0:
             errors.append(f"cache.{name}: must be > 0")
     if c.flight_wait_ms < 0:
@@ -441,8 +449,13 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"tracing.sample_ratio: must be within 0..1, got {tr.sample_ratio}")
     if tr.endpoint is not None and urlsplit(tr.endpoint).scheme not in ("http", "https"):
         errors.append(f"tracing.endpoint: must be an http(s) URL, got {tr.endpoint!r}")
-    for name in ("max_queue_size", "max_export_batch_size", "schedule_delay_ms",
-                 "export_timeout_s", "shutdown_timeout_s"):
+    for name in (
+        "max_queue_size",
+        "max_export_batch_size",
+        "schedule_delay_ms",
+        "export_timeout_s",
+        "shutdown_timeout_s",
+    ):
         if getattr(tr, name) <= 0:
             errors.append(f"tracing.{name}: must be > 0")
     if tr.max_export_batch_size > tr.max_queue_size:

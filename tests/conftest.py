@@ -61,4 +61,4 @@ def upstream() -> Iterator[Callable[[Handler], ScriptedUpstream]]:
 
 
 def pytest_report_header(config: Any) -> str:
-    return f"llm-gateway tests; backend key env TEST_BACKEND_KEY set"
+    return "llm-gateway tests; backend key env TEST_BACKEND_KEY set"

@@ -48,9 +48,18 @@ class ThreadedServer:
     def __init__(self, app: Any, **kwargs: Any) -> None:
         self.port = free_port()
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, loop="uvloop", http="httptools",
-            lifespan=kwargs.pop("lifespan", "on"), proxy_headers=False, server_header=False,
-            access_log=False, log_level="warning", timeout_graceful_shutdown=2, **kwargs,
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            loop="uvloop",
+            http="httptools",
+            lifespan=kwargs.pop("lifespan", "on"),
+            proxy_headers=False,
+            server_header=False,
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+            **kwargs,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -87,8 +96,9 @@ def gateway_config(toml: str, **env: str) -> Config:
     return load_config(text=toml, env=env)
 
 
-def config_for(upstream_url: str, extra: str = "", backend_extra: str = "",
-               route_extra: str = "") -> Config:
+def config_for(
+    upstream_url: str, extra: str = "", backend_extra: str = "", route_extra: str = ""
+) -> Config:
     """A one-backend, catch-all config pointing at ``upstream_url`` (…/v1)."""
     return gateway_config(
         f"""
@@ -116,7 +126,9 @@ class Process:
     def __init__(self, args: list[str], port: int, env: dict[str, str] | None = None) -> None:
         self.port = port
         self.proc = subprocess.Popen(
-            args, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+            args,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         try:
@@ -130,7 +142,8 @@ class Process:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """SIGTERM (then SIGKILL after 10 s); returns what the process printed."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -138,8 +151,11 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        out = ""
         if self.proc.stdout:
+            out = self.proc.stdout.read().decode(errors="replace")
             self.proc.stdout.close()
+        return out
 
 
 def gateway_cli(*args: str) -> list[str]:
@@ -283,19 +299,36 @@ async def read_request(reader: asyncio.StreamReader, conn: int) -> SeenRequest |
     return SeenRequest(method, target, headers, body, conn)
 
 
-def http_response(status: int, body: bytes, content_type: str = "application/json",
-                  extra: list[tuple[str, str]] | None = None) -> bytes:
-    reason = {200: "OK", 400: "Bad Request", 429: "Too Many Requests", 500: "Server Error",
-              502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Status")
-    lines = [f"HTTP/1.1 {status} {reason}", f"content-type: {content_type}",
-             f"content-length: {len(body)}"]
+def http_response(
+    status: int,
+    body: bytes,
+    content_type: str = "application/json",
+    extra: list[tuple[str, str]] | None = None,
+) -> bytes:
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        429: "Too Many Requests",
+        500: "Server Error",
+        502: "Bad Gateway",
+        503: "Service Unavailable",
+    }.get(status, "Status")
+    lines = [
+        f"HTTP/1.1 {status} {reason}",
+        f"content-type: {content_type}",
+        f"content-length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in extra or []]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 def sse_head(extra: list[tuple[str, str]] | None = None) -> bytes:
-    lines = ["HTTP/1.1 200 OK", "content-type: text/event-stream", "cache-control: no-cache",
-             "transfer-encoding: chunked"]
+    lines = [
+        "HTTP/1.1 200 OK",
+        "content-type: text/event-stream",
+        "cache-control: no-cache",
+        "transfer-encoding: chunked",
+    ]
     lines += [f"{k}: {v}" for k, v in extra or []]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -307,13 +340,19 @@ def chunk(data: bytes) -> bytes:
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-def chat_chunk(content: str | None, *, finish: str | None = None, ident: str = "chatcmpl-t",
-               model: str = "m") -> bytes:
+def chat_chunk(
+    content: str | None, *, finish: str | None = None, ident: str = "chatcmpl-t", model: str = "m"
+) -> bytes:
     import orjson
 
     delta: dict[str, Any] = {} if content is None else {"content": content}
-    obj = {"id": ident, "object": "chat.completion.chunk", "created": 1, "model": model,
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    obj = {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 

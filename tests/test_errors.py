@@ -52,8 +52,11 @@ def gw(gateway, mock_upstream):
     ],
 )
 def test_400_invalid_request(gw, body, needle):
-    resp = httpx2.post(gw.base_url + "/chat/completions", content=body,
-                       headers={"content-type": "application/json"})
+    resp = httpx2.post(
+        gw.base_url + "/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
     err = assert_openai_error(resp, 400, "invalid_request_error")
     assert needle in err["message"]
     assert resp.headers["x-should-retry"] == "false"
@@ -69,8 +72,9 @@ def test_400_for_completions_and_embeddings_shapes(gw):
 def test_400_is_raised_by_the_sdk_as_bad_request(gw):
     client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
-                                       extra_body={"n": "two"})
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], extra_body={"n": "two"}
+        )
     assert info.value.body["type"] == "invalid_request_error"
 
 
@@ -93,10 +97,13 @@ backends = ["up"]
     assert info.value.body["type"] == "not_found_error"
     assert "llama-3" in info.value.message
     # the globs do route
-    ok = client.chat.completions.create(model="gpt-4o-mini",
-                                        messages=[{"role": "user", "content": "x"}])
+    ok = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+    )
     assert ok.choices[0].message.content
-    assert client.chat.completions.create(model="acc-1", messages=[{"role": "user", "content": "x"}])
+    assert client.chat.completions.create(
+        model="acc-1", messages=[{"role": "user", "content": "x"}]
+    )
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="acc-12", messages=[{"role": "user", "content": "x"}])
 
@@ -157,8 +164,10 @@ def test_502_upstream_resets_before_answering(gateway, upstream):
 
 def test_502_short_body_is_never_a_truncated_200(gateway, upstream):
     async def short(req, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                     b"content-length: 500\r\n\r\n" + b'{"id": "x", "choices": [')
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: 500\r\n\r\n" + b'{"id": "x", "choices": ['
+        )
         await writer.drain()
         return False
 
@@ -212,9 +221,13 @@ def test_504_upstream_connect_timeout():
             pytest.fail("the kernel accepted past a full backlog; cannot provoke a connect timeout")
         from tests.support import GatewayServer
 
-        gw = GatewayServer(config_for(f"http://127.0.0.1:{port}/v1",
-                                      backend_extra="connect_timeout_s = 0.3",
-                                      route_extra="retries = 0")).start()
+        gw = GatewayServer(
+            config_for(
+                f"http://127.0.0.1:{port}/v1",
+                backend_extra="connect_timeout_s = 0.3",
+                route_extra="retries = 0",
+            )
+        ).start()
         try:
             resp = httpx2.post(gw.base_url + "/chat/completions", json=CHAT, timeout=10)
         finally:

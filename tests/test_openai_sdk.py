@@ -36,7 +36,9 @@ def test_chat_stream_sync_joins_to_upstream_text_and_relays_usage(gw, mock_upstr
     def collect(client: openai.OpenAI) -> tuple[str, list]:
         chunks = list(
             client.chat.completions.create(
-                model="mock-gpt-4o", messages=MESSAGES, stream=True,
+                model="mock-gpt-4o",
+                messages=MESSAGES,
+                stream=True,
                 stream_options={"include_usage": True},
             )
         )
@@ -56,8 +58,7 @@ def test_chat_stream_sync_joins_to_upstream_text_and_relays_usage(gw, mock_upstr
 def test_async_client_chat_stream_completions_embeddings_models(gw, mock_upstream):
     async def main() -> None:
         via = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-client", max_retries=0)
-        direct = openai.AsyncOpenAI(base_url=mock_upstream.url + "/v1", api_key="x",
-                                    max_retries=0)
+        direct = openai.AsyncOpenAI(base_url=mock_upstream.url + "/v1", api_key="x", max_retries=0)
         async with via, direct:
             chat = await via.chat.completions.create(model="mock-gpt-4o-mini", messages=MESSAGES)
             assert chat.choices[0].message.content
@@ -68,21 +69,25 @@ def test_async_client_chat_stream_completions_embeddings_models(gw, mock_upstrea
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             assert text == chat.choices[0].message.content
 
-            comp = await via.completions.create(model="mock-gpt-4o", prompt="Say this", max_tokens=5)
-            want = await direct.completions.create(model="mock-gpt-4o", prompt="Say this",
-                                                   max_tokens=5)
+            comp = await via.completions.create(
+                model="mock-gpt-4o", prompt="Say this", max_tokens=5
+            )
+            want = await direct.completions.create(
+                model="mock-gpt-4o", prompt="Say this", max_tokens=5
+            )
             assert comp.choices[0].text == want.choices[0].text
             assert comp.usage is not None and comp.usage.completion_tokens == 5
 
-            cstream = await via.completions.create(model="mock-gpt-4o", prompt="Say this",
-                                                   max_tokens=5, stream=True)
+            cstream = await via.completions.create(
+                model="mock-gpt-4o", prompt="Say this", max_tokens=5, stream=True
+            )
             ctext = "".join([c.choices[0].text async for c in cstream if c.choices])
             assert ctext == want.choices[0].text
 
-            emb = await via.embeddings.create(model="mock-embedding-3-small",
-                                              input=["one", "two"])
-            want_emb = await direct.embeddings.create(model="mock-embedding-3-small",
-                                                      input=["one", "two"])
+            emb = await via.embeddings.create(model="mock-embedding-3-small", input=["one", "two"])
+            want_emb = await direct.embeddings.create(
+                model="mock-embedding-3-small", input=["one", "two"]
+            )
             assert len(emb.data) == 2 and len(emb.data[0].embedding) == 1536
             assert emb.data[1].embedding == want_emb.data[1].embedding
 

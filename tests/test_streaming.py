@@ -64,9 +64,11 @@ def test_stream_headers(gateway, upstream):
 
     sent_at: list[float] = []
     gw = gateway(config_for(upstream(paced_upstream(sent_at, gap=0.01)).url))
-    with httpx2.stream("POST", gw.base_url + "/chat/completions",
-                       json={"model": "m", "messages": [{"role": "user", "content": "x"}],
-                             "stream": True}) as resp:
+    with httpx2.stream(
+        "POST",
+        gw.base_url + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
+    ) as resp:
         body = b"".join(resp.iter_raw())
     assert resp.status_code == 200
     assert resp.headers["content-type"] == "text/event-stream"
@@ -92,8 +94,11 @@ def _events(n_min: int = 1):
 
 
 @settings(max_examples=300)
-@given(events=_events(), eol=st.sampled_from(["\n", "\r\n", "\r"]), cuts=st.lists(
-    st.integers(min_value=0, max_value=400), max_size=8))
+@given(
+    events=_events(),
+    eol=st.sampled_from(["\n", "\r\n", "\r"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+)
 def test_parser_independent_of_chunk_boundaries(events, eol, cuts):
     raw = [(eol.join(lines) + eol + eol).encode() for lines in events]
     stream = b"".join(raw)
@@ -112,8 +117,11 @@ def test_parser_independent_of_chunk_boundaries(events, eol, cuts):
     assert parser.pending in (b"", b"\n")
 
 
-@given(st.lists(st.text(st.characters(blacklist_characters="\r\n"), max_size=10), min_size=1,
-                max_size=4))
+@given(
+    st.lists(
+        st.text(st.characters(blacklist_characters="\r\n"), max_size=10), min_size=1, max_size=4
+    )
+)
 def test_multiline_data_is_joined_with_lf(values):
     raw = ("".join(f"data: {v}\r\n" for v in values) + "\r\n").encode()
     (event,) = SSEParser().feed(raw)

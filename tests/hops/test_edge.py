@@ -19,8 +19,15 @@ CLIENT_KEY = "sk-client-secret-must-not-travel"
 
 
 def scope(headers: list[tuple[bytes, bytes]], client: str = "127.0.0.1") -> dict:
-    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-            "headers": headers, "client": (client, 50000), "scheme": "http"}
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query_string": b"",
+        "headers": headers,
+        "client": (client, 50000),
+        "scheme": "http",
+    }
 
 
 # ---------------------------------------------------------------- unit: trust table
@@ -34,11 +41,21 @@ def scope(headers: list[tuple[bytes, bytes]], client: str = "127.0.0.1") -> dict
         ([], "127.0.0.1", b"203.0.113.7", "127.0.0.1", "127.0.0.1"),
         (["10.0.0.0/8"], "192.0.2.1", b"203.0.113.7", "192.0.2.1", "192.0.2.1"),
         # a chain through two of our proxies: the client is the first untrusted from the right
-        (["10.0.0.0/8"], "10.0.0.2", b"198.51.100.9, 10.0.0.1", "198.51.100.9, 10.0.0.1, 10.0.0.2",
-         "198.51.100.9"),
+        (
+            ["10.0.0.0/8"],
+            "10.0.0.2",
+            b"198.51.100.9, 10.0.0.1",
+            "198.51.100.9, 10.0.0.1, 10.0.0.2",
+            "198.51.100.9",
+        ),
         # a spoofed left-most entry does not fool the walk
-        (["10.0.0.0/8"], "10.0.0.2", b"1.1.1.1, 198.51.100.9", "1.1.1.1, 198.51.100.9, 10.0.0.2",
-         "198.51.100.9"),
+        (
+            ["10.0.0.0/8"],
+            "10.0.0.2",
+            b"1.1.1.1, 198.51.100.9",
+            "1.1.1.1, 198.51.100.9, 10.0.0.2",
+            "198.51.100.9",
+        ),
         (["::1/128"], "::1", b"2001:db8::5", "2001:db8::5, ::1", "2001:db8::5"),
         (["127.0.0.1/32"], "not-an-ip", b"203.0.113.7", "not-an-ip", "not-an-ip"),
     ],
@@ -55,8 +72,15 @@ def test_x_forwarded_for_trust_table(trusted, peer, xff, want_forwarded, want_cl
 @pytest.mark.parametrize("trusted", [True, False])
 def test_forwarded_proto_and_host_only_from_trusted(trusted):
     edge = Edge(EdgeConfig(trusted_proxies=("127.0.0.1/32",) if trusted else ()))
-    ctx = edge.accept(scope([(b"host", b"gw.internal:8080"), (b"x-forwarded-proto", b"https"),
-                             (b"x-forwarded-host", b"api.example.com")]))
+    ctx = edge.accept(
+        scope(
+            [
+                (b"host", b"gw.internal:8080"),
+                (b"x-forwarded-proto", b"https"),
+                (b"x-forwarded-host", b"api.example.com"),
+            ]
+        )
+    )
     fwd = dict(ctx.upstream_headers)
     assert fwd["x-forwarded-proto"] == ("https" if trusted else "http")
     assert fwd["x-forwarded-host"] == ("api.example.com" if trusted else "gw.internal:8080")
@@ -83,8 +107,14 @@ def test_hop_by_hop_and_connection_named_headers_are_not_forwarded():
 
 @pytest.mark.parametrize(
     ("incoming", "kept"),
-    [(b"req-123", True), (b"a" * 200, True), (b"a" * 201, False), (b"has space", False),
-     (b"", False), (b"\xff\xfe", False)],
+    [
+        (b"req-123", True),
+        (b"a" * 200, True),
+        (b"a" * 201, False),
+        (b"has space", False),
+        (b"", False),
+        (b"\xff\xfe", False),
+    ],
 )
 def test_request_id_kept_when_sane_else_generated(incoming, kept):
     ctx = Edge(EdgeConfig()).accept(scope([(b"x-request-id", incoming)]))
@@ -131,24 +161,31 @@ def test_request_start_parser_never_raises(raw):
 
 def test_hygiene_end_to_end(gateway, upstream):
     async def answer(req, writer):
-        writer.write(http_response(200, b'{"ok": true}', extra=[
-            ("Connection", "keep-alive, X-Upstream-Hop"),
-            ("X-Upstream-Hop", "secret"),
-            ("Keep-Alive", "timeout=5"),
-            ("Proxy-Authenticate", "Basic"),
-            ("Trailer", "X-Checksum"),
-            ("Upgrade", "h2c"),
-            ("X-Request-Id", "upstream-own-id"),
-            ("X-Visible", "yes"),
-        ]))
+        writer.write(
+            http_response(
+                200,
+                b'{"ok": true}',
+                extra=[
+                    ("Connection", "keep-alive, X-Upstream-Hop"),
+                    ("X-Upstream-Hop", "secret"),
+                    ("Keep-Alive", "timeout=5"),
+                    ("Proxy-Authenticate", "Basic"),
+                    ("Trailer", "X-Checksum"),
+                    ("Upgrade", "h2c"),
+                    ("X-Request-Id", "upstream-own-id"),
+                    ("X-Visible", "yes"),
+                ],
+            )
+        )
         return True
 
     up = upstream(answer)
     gw = gateway(config_for(up.url))
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
     try:
-        conn.putrequest("POST", "/v1/chat/completions?api-version=2024-06-01",
-                        skip_accept_encoding=True)
+        conn.putrequest(
+            "POST", "/v1/chat/completions?api-version=2024-06-01", skip_accept_encoding=True
+        )
         for k, v in [
             ("Content-Type", "application/json"),
             ("Content-Length", str(len(CHAT))),
@@ -175,8 +212,16 @@ def test_hygiene_end_to_end(gateway, upstream):
     assert resp.status == 200 and body == b'{"ok": true}'
     (seen,) = up.requests
     names = seen.header_names()
-    for hop in ("connection", "x-client-hop", "keep-alive", "te", "trailer",
-                "proxy-authorization", "proxy-connection", "upgrade"):
+    for hop in (
+        "connection",
+        "x-client-hop",
+        "keep-alive",
+        "te",
+        "trailer",
+        "proxy-authorization",
+        "proxy-connection",
+        "upgrade",
+    ):
         assert hop not in names, hop
     assert seen.header("x-custom") == "passes"
     # the backend's own key, never the client's
@@ -224,8 +269,12 @@ def test_untrusted_peer_chain_is_replaced(gateway, upstream):
     gw = gateway(config_for(up.url, extra="[edge]\ntrusted_proxies = []"))
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
     try:
-        conn.request("POST", "/v1/chat/completions", body=CHAT,
-                     headers={"X-Forwarded-For": "6.6.6.6", "X-Forwarded-Host": "evil"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=CHAT,
+            headers={"X-Forwarded-For": "6.6.6.6", "X-Forwarded-Host": "evil"},
+        )
         conn.getresponse().read()
     finally:
         conn.close()
