@@ -25,11 +25,14 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge
 from gateway.hops import upstream
 from gateway.hops.auth import Auth
-from gateway.hops.edge import ClientGone, Edge, read_body, send_error
+from gateway.hops.edge import ClientGone, Edge, read_body
 from gateway.hops.router import OPERATIONS, Router
 from gateway.hops.upstream import Backend
 from gateway.streaming import Relay
-from gateway.types import Message, Receive, Scope, Send
+from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.server_timing import edge_intervals, server_timing
+from gateway.telemetry.tracing import Tracing
+from gateway.types import Message, RawHeaders, Receive, Scope, Send
 
 log = logging.getLogger("gateway")
 
@@ -50,7 +53,9 @@ class Gateway:
         self.config = config
         self.edge = Edge(config.edge)
         self.auth = Auth()
-        self.relay = Relay()
+        self.relay = Relay(self._headers_at_start)
+        self.tracing: Tracing | None = None  # made in startup (it starts the export thread)
+        self.access_log = AccessLog(config.logging)
         self.max_body = config.server.max_body_bytes
         self.backends: dict[str, Backend] = {}
         self.router: Router | None = None
@@ -98,6 +103,8 @@ class Gateway:
                 return
 
     async def startup(self) -> None:
+        logging.getLogger("gateway").setLevel(self.config.logging.level.upper())
+        self.tracing = Tracing(self.config.tracing, edge_hop_count=len(self.config.edge.hops))
         for cfg in self.config.backends:
             if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
                 log.warning(
@@ -130,12 +137,11 @@ class Gateway:
         if scope["method"] != "POST":
             await self.passthrough(scope, receive, send)
             return
-        ctx = self.edge.accept(scope)  # trust, X-Forwarded-*, request id
-        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        ctx = self.begin(scope)  # edge: trust, X-Forwarded-*, request id, trace ids
         try:
+            self.auth.check(ctx)  # key -> tenant, before reading any body
             ctx.body = await read_body(ctx, receive, self.max_body)  # bounded: 413
             ctx.timeline.body_received = time.perf_counter()
-            self.auth.check(ctx)  # key -> tenant
             assert self.router is not None
             self.router.route(ctx)  # parse once, route, policies
             route = ctx.route
@@ -146,6 +152,8 @@ class Gateway:
                 route.config.retries,
                 route.config.retry_on_timeout,
                 ctx.body,
+                self._attempt_headers,
+                self._new_span_id,
             )
             if ctx.stream and resp.status == 200:  # relay event by event
                 idle = attempt.backend.config.stream_idle_timeout_s
@@ -157,12 +165,45 @@ class Gateway:
         except ClientGone:
             ctx.status = 499
         finally:
-            self.finish(ctx)
+            self.finish(ctx)  # spans, access log: from the Timeline
+
+    def begin(self, scope: Scope) -> RequestContext:
+        ctx = self.edge.accept(scope)
+        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        tracing = self.tracing
+        if tracing is not None and tracing.enabled:
+            tracing.begin(ctx, ctx.incoming_trace)
+            if tracing.capture_content:
+                ctx.captured = []
+        elif ctx.incoming_trace is not None:
+            # not tracing: stay transparent to the client's own trace context
+            tp, ts = ctx.incoming_trace
+            ctx.upstream_headers.append(("traceparent", tp.decode("latin-1")))
+            if ts:
+                ctx.upstream_headers.append(("tracestate", ts.decode("latin-1")))
+        return ctx
+
+    def _attempt_headers(self, ctx: RequestContext, attempt: Any) -> list[tuple[str, str]]:
+        if ctx.trace is None or self.tracing is None:
+            return []
+        return self.tracing.attempt_headers(ctx, attempt)
+
+    def _new_span_id(self) -> int:
+        return self.tracing.new_span_id() if self.tracing is not None else 0
+
+    def _headers_at_start(self, ctx: RequestContext) -> RawHeaders:
+        """Headers derived from the Timeline as the response starts (SPEC §6)."""
+        headers: RawHeaders = [(b"server-timing", server_timing(ctx, edge_intervals(ctx)))]
+        if self.tracing is not None:
+            tr = self.tracing.traceresponse(ctx)
+            if tr is not None:
+                headers.append(tr)
+        return headers
 
     async def _fail(self, ctx: RequestContext, exc: GatewayError, send: Send) -> None:
         ctx.error = exc
         if not ctx.response_started:
-            await send_error(ctx, exc, send)
+            await self.relay.error(ctx, exc, send)
             return
         log.warning(
             "request %s: upstream failed after the response started: %s",
@@ -177,19 +218,23 @@ class Gateway:
             t.done = time.perf_counter()
         if ctx.disconnected and ctx.status < 400:
             ctx.status = 499
+        if self.tracing is not None:
+            self.tracing.finish(ctx, edge_intervals(ctx))
+        self.access_log.record(ctx)
 
     # ------------------------------------------------------------ other endpoints
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Other ``/v1/*`` paths: to the first route's backend, unchanged and streamed."""
-        ctx = self.edge.accept(scope)
-        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        ctx = self.begin(scope)
         try:
             assert self.router is not None
             backend = self.router.routes[0].backends[0]
-            body = _streamed_body(ctx, receive, self.max_body)
             self.auth.check(ctx)
-            resp, attempt = await upstream.forward(ctx, (backend,), 0, False, body)
+            body = _streamed_body(ctx, receive, self.max_body)
+            resp, attempt = await upstream.forward(
+                ctx, (backend,), 0, False, body, self._attempt_headers, self._new_span_id
+            )
             await self.relay.relay_raw(ctx, resp, attempt, send)
         except GatewayError as exc:
             await self._fail(ctx, exc, send)
@@ -202,8 +247,7 @@ class Gateway:
         if scope["method"] != "GET":
             await self.passthrough(scope, receive, send)
             return
-        ctx = self.edge.accept(scope)
-        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        ctx = self.begin(scope)
         assert self.router is not None
         owners: dict[str, str] = {}
         globbed: dict[str, list[str]] = {}
@@ -261,13 +305,14 @@ class Gateway:
             "backends": {
                 n: "mock" if b.config.is_mock else "pooled" for n, b in self.backends.items()
             },
+            # reported, never a reason to be unready: requests do not depend on the collector
+            "tracing": self.tracing.state() if self.tracing is not None else {"exporter": "none"},
         }
         await _plain_json(send, 200 if self.ready else 503, body)
 
     async def not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = self.edge.accept(scope)
-        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
-        await send_error(
+        ctx = self.begin(scope)
+        await self.relay.error(
             ctx, NotFound(f"no such endpoint: {scope['path']}", code="unknown_path"), send
         )
         self.finish(ctx)

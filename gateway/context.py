@@ -98,6 +98,7 @@ class RequestContext:
         "attempts",
         "body",
         "cache",
+        "captured",
         "client_address",
         "content_encoding",
         "credential",
@@ -106,6 +107,7 @@ class RequestContext:
         "edge_times",
         "error",
         "finish_reasons",
+        "incoming_trace",
         "input_tokens",
         "method",
         "model",
@@ -149,11 +151,15 @@ class RequestContext:
         self.credential: bytes | None = None
         self.accept_encoding: bytes | None = None
         self.content_encoding: bytes | None = None
-        #: edge hop name -> epoch seconds that hop received the request (trusted peers only)
-        self.edge_times: list[tuple[str, float | None]] = []
+        #: accepted edge hop times: (name, hop.index, epoch seconds it received the request)
+        self.edge_times: list[tuple[str, int, float]] = []
         #: edge hop name -> why its header was discarded ("future", "stale", "invalid")
         self.edge_marks: dict[str, str] = {}
+        #: the raw (traceparent, tracestate) the client sent, and the trace ids chosen for us
+        self.incoming_trace: tuple[bytes, bytes | None] | None = None
         self.trace: Any = None
+        #: completion text pieces, collected only with tracing.capture_content = true
+        self.captured: list[str] | None = None
         self.body = b""
         self.payload: dict[str, Any] | None = None
         self.model: str | None = None

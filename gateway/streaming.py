@@ -169,15 +169,23 @@ def note_answer(ctx: RequestContext, obj: Any) -> bool:
                 ctx.finish_reasons.append(fr)
             delta = choice.get("delta")
             if isinstance(delta, dict):
+                text = delta.get("content")
                 if (
-                    delta.get("content")
+                    text
                     or delta.get("tool_calls")
                     or delta.get("refusal")
                     or delta.get("reasoning_content")
                 ):
                     content = True
-            elif choice.get("text"):
-                content = True
+            else:
+                text = choice.get("text")
+                if text:
+                    content = True
+                message = choice.get("message")
+                if isinstance(message, dict):
+                    text = message.get("content")
+            if ctx.captured is not None and isinstance(text, str) and text:
+                ctx.captured.append(text)
     return content
 
 
@@ -231,6 +239,19 @@ class Relay:
         ctx.status = status
         ctx.response_started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def error(self, ctx: RequestContext, exc: GatewayError, send: Send) -> None:
+        """Render a gateway error in the OpenAI shape (SPEC §5)."""
+        ctx.error = exc
+        body = exc.body()
+        headers: RawHeaders = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-should-retry", b"true" if exc.should_retry else b"false"),
+        ]
+        await self.start(ctx, send, exc.status, headers)
+        await send({"type": "http.response.body", "body": body})
+        ctx.timeline.done = time.perf_counter()
 
     async def relay_json(
         self,

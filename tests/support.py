@@ -236,6 +236,9 @@ class ScriptedUpstream:
             for task in pending:
                 task.cancel()
             self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            # let the transports' close callbacks run before the loop goes away
+            for _ in range(3):
+                self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 

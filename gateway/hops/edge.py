@@ -13,8 +13,8 @@ import re
 
 from gateway.config import EdgeConfig
 from gateway.context import RequestContext, Timeline
-from gateway.errors import GatewayError, PayloadTooLarge
-from gateway.types import RawHeaders, Receive, Scope, Send
+from gateway.errors import PayloadTooLarge
+from gateway.types import Receive, Scope
 
 #: RFC 9110 §7.6.1 plus the legacy ones SPEC §5 names
 HOP_BY_HOP = frozenset(
@@ -48,6 +48,9 @@ _CONSUMED = HOP_BY_HOP | {
     b"tracestate",
 }
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")
+#: SPEC §6: edge times more than 1 s ahead of ours or older than 60 s are discarded (and marked)
+MAX_FUTURE_S = 1.0
+MAX_AGE_S = 60.0
 _TRUST_CACHE_MAX = 4096
 
 
@@ -148,13 +151,30 @@ class Edge:
             forward.append(("forwarded", fwd.decode("latin-1")))
         ctx.upstream_headers = forward
         if tp is not None:
-            ctx.trace = (tp, ts)
+            ctx.incoming_trace = (tp, ts)
         if hop_values:
             if trusted:
-                ctx.edge_times = [(n, _raw_time(hop_values.get(n))) for n in self.hop_names]
+                self._edge_times(ctx, hop_values)
             else:
                 ctx.edge_marks = dict.fromkeys(hop_values, "untrusted")
         return ctx
+
+    def _edge_times(self, ctx: RequestContext, values: dict[str, bytes]) -> None:
+        """Accept each edge hop's time unless unparseable, in the future (> 1 s) or stale."""
+        now = ctx.timeline.wall_ns / 1e9
+        for index, name in enumerate(self.hop_names, start=1):
+            raw = values.get(name)
+            if raw is None:
+                continue  # not behind that hop this time: nothing to mark
+            at = _raw_time(raw)
+            if at is None:
+                ctx.edge_marks[name] = "invalid"
+            elif at > now + MAX_FUTURE_S:
+                ctx.edge_marks[name] = "future"
+            elif at < now - MAX_AGE_S:
+                ctx.edge_marks[name] = "stale"
+            else:
+                ctx.edge_times.append((name, index, at))
 
     def _client_from_chain(self, chain: str) -> str | None:
         # Walk right to left past our own trusted proxies; the first other address is the client.
@@ -232,18 +252,3 @@ async def read_body(ctx: RequestContext, receive: Receive, limit: int) -> bytes:
 
 class ClientGone(Exception):
     """The client went away before the answer was complete (logged as status 499)."""
-
-
-async def send_error(ctx: RequestContext, exc: GatewayError, send: Send) -> None:
-    """Render a gateway error in the OpenAI shape (SPEC §5). Only the edge renders errors."""
-    body = exc.body()
-    headers: RawHeaders = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-should-retry", b"true" if exc.should_retry else b"false"),
-    ]
-    headers.extend(ctx.response_headers)
-    ctx.status = exc.status
-    ctx.response_started = True
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,83 @@
+"""The JSON access log: one line per request, from the Timeline (SPEC §11).
+
+Sampled as ``[logging]`` says: ``all``; ``sampled`` = every non-2xx, every request slower than
+``slow_ms``, and ``sample_ratio`` of the rest; ``off``. Nothing is formatted for a request that
+is sampled out. Never a key, a prompt or a completion: only what is listed in :func:`line`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from gateway.config import LoggingConfig
+from gateway.context import RequestContext
+
+ACCESS_LOGGER = "gateway.access"
+
+
+class AccessLog:
+    def __init__(self, cfg: LoggingConfig) -> None:
+        self.mode = cfg.access_log
+        self.slow_s = cfg.slow_ms / 1000
+        self.ratio = cfg.sample_ratio
+        self.logger = logging.getLogger(ACCESS_LOGGER)
+        if not self.logger.handlers:
+            handler = logging.StreamHandler(sys.stdout)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            self.logger.addHandler(handler)
+            self.logger.propagate = False
+        self.logger.setLevel(logging.INFO)
+
+    def wants(self, ctx: RequestContext) -> bool:
+        if self.mode == "all":
+            return True
+        if self.mode == "off":
+            return False
+        return (
+            not 200 <= ctx.status < 300
+            or ctx.request_time() >= self.slow_s
+            or random.random() < self.ratio
+        )
+
+    def record(self, ctx: RequestContext) -> None:
+        if self.wants(ctx):
+            self.logger.info(orjson.dumps(line(ctx)).decode())
+
+
+def line(ctx: RequestContext) -> dict[str, Any]:
+    trace = ctx.trace
+    request_s = ctx.request_time()
+    upstream_s = ctx.upstream_time(ctx.timeline.done)
+    ttft = ctx.ttft()
+    last = ctx.attempts[-1] if ctx.attempts else None
+    out: dict[str, Any] = {
+        "ts": round(time.time(), 3),
+        "trace_id": f"{trace.trace_id:032x}" if trace is not None else None,
+        "span_id": f"{trace.root_span_id:016x}" if trace is not None else None,
+        "request_id": ctx.request_id,
+        "method": ctx.method,
+        "path": ctx.path,
+        "status": ctx.status,
+        "model": ctx.model,
+        "route": ctx.route.name if ctx.route is not None else None,
+        "backend": last.backend.name if last is not None else None,
+        "attempts": len(ctx.attempts),
+        "tenant": ctx.tenant,
+        "cache": ctx.cache,
+        "stream": ctx.stream,
+        "client": ctx.client_address,
+        "request_time_ms": round(request_s * 1000, 3),
+        "upstream_time_ms": round(upstream_s * 1000, 3),
+        "overhead_ms": round(max(0.0, request_s - upstream_s) * 1000, 3),
+        "ttft_ms": round(ttft * 1000, 3) if ttft is not None else None,
+        "tokens": {"input": ctx.input_tokens, "output": ctx.output_tokens},
+    }
+    if ctx.error is not None:
+        out["error_type"] = ctx.error.code or ctx.error.type
+    return out

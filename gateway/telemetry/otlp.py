@@ -1,0 +1,181 @@
+"""A small, fast encoder of OTLP trace protobuf (``opentelemetry/proto/trace/v1/trace.proto``).
+
+Why not the SDK's ``encode_spans``: measured on this project's CI machine it costs ~46 µs for
+a span with 14 attributes (it builds a protobuf object per attribute), i.e. more than the whole
+proxied request. This writes the same wire format directly, reusing the encoded bytes of
+low-cardinality attributes (method, route, provider, …), at a fraction of the cost. The output
+is decoded by the official ``opentelemetry-proto`` classes in the tests (a real OTLP receiver),
+and the official OTLP exporters send it (:mod:`gateway.telemetry.export`).
+
+Field numbers (proto3): ExportTraceServiceRequest{1 resource_spans}; ResourceSpans{1 resource,
+2 scope_spans}; Resource{1 attributes}; ScopeSpans{1 scope, 2 spans}; InstrumentationScope{1
+name, 2 version}; Span{1 trace_id, 2 span_id, 3 trace_state, 4 parent_span_id, 5 name, 6 kind,
+7 start_time_unix_nano (fixed64), 8 end_time_unix_nano (fixed64), 9 attributes, 11 events,
+15 status, 16 flags (fixed32)}; Event{1 time_unix_nano (fixed64), 2 name, 3 attributes};
+Status{2 message, 3 code}; KeyValue{1 key, 2 value}; AnyValue{1 string, 2 bool, 3 int, 4 double,
+5 array}; ArrayValue{1 values}.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+AttrValue = str | bool | int | float | Sequence[str]
+
+KIND_INTERNAL = 1
+KIND_SERVER = 2
+KIND_CLIENT = 3
+STATUS_UNSET = 0
+STATUS_OK = 1
+STATUS_ERROR = 2
+
+#: Span.flags bits (trace.proto SpanFlags): the parent's remoteness is known / is remote
+FLAG_HAS_IS_REMOTE = 0x100
+FLAG_IS_REMOTE = 0x200
+
+_pack_q = struct.Struct("<Q").pack
+_pack_d = struct.Struct("<d").pack
+_pack_i = struct.Struct("<I").pack
+
+
+def _varint_uncached(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+_SMALL = tuple(_varint_uncached(i) for i in range(16384))
+
+
+def varint(n: int) -> bytes:
+    return _SMALL[n] if 0 <= n < 16384 else _varint_uncached(n & 0xFFFFFFFFFFFFFFFF)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    return tag + varint(len(payload)) + payload
+
+
+def any_value(v: AttrValue) -> bytes:
+    t = type(v)
+    if t is str:
+        assert isinstance(v, str)
+        return _field(b"\x0a", v.encode("utf-8", "surrogatepass"))
+    if t is bool:
+        return b"\x10\x01" if v else b"\x10\x00"
+    if t is int:
+        assert isinstance(v, int)
+        return b"\x18" + varint(v & 0xFFFFFFFFFFFFFFFF)
+    if t is float:
+        assert isinstance(v, float)
+        return b"\x21" + _pack_d(v)
+    if isinstance(v, list | tuple):
+        return _field(b"\x2a", b"".join(_field(b"\x0a", any_value(x)) for x in v))
+    raise TypeError(f"unsupported attribute value {v!r}")
+
+
+_KEYS: dict[str, bytes] = {}
+_STABLE: dict[tuple[str, AttrValue], bytes] = {}
+_STABLE_MAX = 8192
+
+
+def _key(k: str) -> bytes:
+    kb = _KEYS.get(k)
+    if kb is None:
+        kb = _KEYS[k] = _field(b"\x0a", k.encode())
+    return kb
+
+
+def kv(k: str, v: AttrValue) -> bytes:
+    """One encoded KeyValue (without the enclosing field tag)."""
+    return _key(k) + _field(b"\x12", any_value(v))
+
+
+def attr(k: str, v: AttrValue, tag: bytes = b"\x4a") -> bytes:
+    """A Span.attributes entry (field 9) for a high-cardinality value (timings, ids)."""
+    return _field(tag, kv(k, v))
+
+
+def stable_attr(k: str, v: str | int | bool) -> bytes:
+    """Like :func:`attr`, memoised: for low-cardinality values (method, route, status, …)."""
+    key = (k, v)
+    got = _STABLE.get(key)
+    if got is None:
+        got = attr(k, v)
+        if len(_STABLE) >= _STABLE_MAX:
+            _STABLE.clear()
+        _STABLE[key] = got
+    return got
+
+
+def span(
+    *,
+    trace_id: bytes,
+    span_id: bytes,
+    parent_span_id: bytes | None,
+    name: str,
+    kind: int,
+    start_ns: int,
+    end_ns: int,
+    attributes: Iterable[bytes],
+    status: int = STATUS_UNSET,
+    status_message: str = "",
+    trace_state: str = "",
+    flags: int = 0,
+    events: Iterable[tuple[int, str, Sequence[bytes]]] = (),
+) -> bytes:
+    """One encoded ``Span`` message (without its enclosing ScopeSpans.spans tag).
+
+    ``attributes`` are entries made by :func:`attr` / :func:`stable_attr`; ``events`` are
+    ``(time_ns, name, [kv(...) bytes])``.
+    """
+    parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id]
+    if trace_state:
+        parts.append(_field(b"\x1a", trace_state.encode()))
+    if parent_span_id is not None:
+        parts += (b"\x22\x08", parent_span_id)
+    parts += (
+        _field(b"\x2a", name.encode("utf-8", "surrogatepass")),
+        b"\x30",
+        varint(kind),
+        b"\x39",
+        _pack_q(start_ns),
+        b"\x41",
+        _pack_q(max(start_ns, end_ns)),
+    )
+    parts.extend(attributes)
+    for time_ns, ev_name, ev_attrs in events:
+        body = b"\x09" + _pack_q(time_ns) + _field(b"\x12", ev_name.encode())
+        body += b"".join(_field(b"\x1a", a) for a in ev_attrs)
+        parts.append(_field(b"\x5a", body))
+    if status or status_message:
+        st = b""
+        if status_message:
+            st += _field(b"\x12", status_message.encode("utf-8", "replace"))
+        if status:
+            st += b"\x18" + varint(status)
+        parts.append(_field(b"\x7a", st))
+    if flags:
+        parts += (b"\x85\x01", _pack_i(flags))
+    return b"".join(parts)
+
+
+class RequestEncoder:
+    """Frames encoded spans into an ``ExportTraceServiceRequest`` for one resource and scope."""
+
+    def __init__(self, resource: dict[str, AttrValue], scope_name: str, scope_version: str) -> None:
+        res = b"".join(_field(b"\x0a", kv(k, v)) for k, v in resource.items())
+        scope = _field(b"\x0a", scope_name.encode()) + _field(b"\x12", scope_version.encode())
+        self._resource = _field(b"\x0a", res)
+        self._scope = _field(b"\x0a", scope)
+
+    def request(self, spans: Sequence[bytes]) -> bytes:
+        scope_spans = self._scope + b"".join(_field(b"\x12", s) for s in spans)
+        resource_spans = self._resource + _field(b"\x12", scope_spans)
+        return _field(b"\x0a", resource_spans)

@@ -1,0 +1,53 @@
+"""Edge hop intervals and the ``Server-Timing`` header, both read off the Timeline (SPEC §6).
+
+>>> format_metric("auth", 0.0123)
+'auth;dur=12.300'
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.context import RequestContext
+
+EdgeInterval = tuple[str, int, float, float]  # (hop name, hop.index, start, end) epoch seconds
+
+
+def edge_intervals(ctx: RequestContext) -> list[EdgeInterval]:
+    """Hop i lasts from its time to hop i+1's; the last edge hop ends at ``received``.
+
+    Only headers the edge accepted (trusted peer, not future, not stale) are here; an
+    out-of-order time (clock skew between proxies) yields a zero-length hop, never a negative.
+    """
+    times = ctx.edge_times
+    if not times:
+        return []
+    received = ctx.timeline.wall_ns / 1e9
+    out: list[EdgeInterval] = []
+    for i, (name, index, at) in enumerate(times):
+        end = times[i + 1][2] if i + 1 < len(times) else received
+        end = min(end, received)
+        out.append((name, index, min(at, end), end))
+    return out
+
+
+def format_metric(name: str, seconds: float) -> str:
+    return f"{name};dur={seconds * 1000:.3f}"
+
+
+def server_timing(ctx: RequestContext, edges: list[EdgeInterval]) -> bytes:
+    """``cdn;dur=…, lb;dur=…, auth;dur=…, router;dur=…, cache;desc=…, upstream;dur=…,
+    gateway;dur=…`` with the values known now (the headers are going out)."""
+    t = ctx.timeline
+    now = time.perf_counter()
+    parts = [format_metric(name, end - start) for name, _, start, end in edges]
+    if t.auth_done is not None:
+        parts.append(format_metric("auth", t.auth_done - t.received))
+        if t.routed is not None:
+            parts.append(format_metric("router", t.routed - t.auth_done))
+    parts.append(f"cache;desc={ctx.cache}")
+    upstream = ctx.upstream_time(now)
+    if ctx.attempts:
+        parts.append(format_metric("upstream", upstream))
+    parts.append(format_metric("gateway", max(0.0, (now - t.received) - upstream)))
+    return ", ".join(parts).encode()
