@@ -1,0 +1,240 @@
+"""Cache keys, eligibility and request ``Cache-Control`` (SPEC §10).
+
+A key is ``gateway:cache:v1:<namespace>:<sha256 hex>``. The digest covers, each part
+length-prefixed so no two different inputs can encode alike: the path, the query string,
+the forwarded ``OpenAI-Organization`` and ``OpenAI-Project`` values (absent is not empty),
+the scope (the tenant or credential digest; none when ``scope = "global"``) and the canonical
+JSON body. Canonical means key order and whitespace do not matter, ``stream`` and
+``stream_options`` do not count (one entry serves JSON and SSE), and ``0`` equals ``0.0``.
+
+>>> canonical_json({"temperature": 0.0, "model": "m", "stream": True})
+b'{"model":"m","temperature":0}'
+>>> parse_cache_control(b'no-cache, Max-Age="60"')
+CacheDirectives(no_cache=True, no_store=False, max_age=60.0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+KEY_PREFIX = "gateway:cache:v1:"
+
+#: top-level request fields that choose the response's form, not its content
+_FORM_FIELDS = frozenset({"stream", "stream_options"})
+#: integral floats inside this range become ints (orjson writes int64 at most)
+_INT_MIN = -(2**63)
+_INT_MAX = 2**63
+#: header names (lower-cased) forwarded upstream that change the answer
+_ORG = "openai-organization"
+_PROJECT = "openai-project"
+
+OPERATIONS = frozenset({"chat", "text_completion", "embeddings"})
+
+
+# ---------------------------------------------------------------- canonical JSON
+
+
+def _normalise(value: Any) -> Any:
+    """A copy of ``value`` with integral floats as ints (``0.0`` -> ``0``), recursively."""
+    cls = type(value)
+    if cls is float:
+        if value.is_integer() and _INT_MIN <= value < _INT_MAX:
+            return int(value)
+        return value
+    if cls is dict:
+        return {k: _normalise(v) for k, v in value.items()}
+    if cls is list:
+        return [_normalise(v) for v in value]
+    return value
+
+
+def canonical_json(payload: dict[str, Any]) -> bytes:
+    """Sorted keys, no whitespace, without top-level ``stream``/``stream_options``.
+
+    Does not mutate ``payload``. Raises ``TypeError`` (orjson.JSONEncodeError) for values
+    JSON cannot hold, which a body parsed with orjson never contains.
+    """
+    body = {k: _normalise(v) for k, v in payload.items() if k not in _FORM_FIELDS}
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+
+# ---------------------------------------------------------------- keys
+
+
+def _field(digest: Any, data: bytes | None) -> None:
+    # 0x00 = absent; 0x01 + 8-byte big-endian length + bytes = present (maybe empty)
+    if data is None:
+        digest.update(b"\x00")
+    else:
+        digest.update(b"\x01" + len(data).to_bytes(8, "big"))
+        digest.update(data)
+
+
+def _forwarded(headers: Mapping[str, str] | None) -> tuple[bytes | None, bytes | None]:
+    """The ``OpenAI-Organization`` and ``OpenAI-Project`` values (names case-insensitive;
+    repeated fields combined with ", " in order, RFC 9110 §5.3)."""
+    if not headers:
+        return None, None
+    org: list[str] = []
+    project: list[str] = []
+    for name, value in headers.items():
+        lname = name.lower()
+        if lname == _ORG:
+            org.append(value)
+        elif lname == _PROJECT:
+            project.append(value)
+    return (
+        ", ".join(org).encode() if org else None,
+        ", ".join(project).encode() if project else None,
+    )
+
+
+def cache_key(
+    *,
+    namespace: str,
+    path: str,
+    query: bytes,
+    payload: dict[str, Any],
+    scope: str | None,
+    headers: Mapping[str, str] | None,
+) -> str:
+    """The entry key for one request.
+
+    ``scope`` is None for ``cache.scope = "global"``, else the tenant / credential digest
+    (``hops.auth.credential_scope``); two scopes never share a key. ``query`` is the raw
+    query string (ASGI ``scope["query_string"]``); ``headers`` are the request headers
+    forwarded upstream.
+    """
+    org, project = _forwarded(headers)
+    digest = hashlib.sha256(b"llm-gateway cache key v1\x00")
+    _field(digest, path.encode())
+    _field(digest, query)
+    _field(digest, org)
+    _field(digest, project)
+    _field(digest, None if scope is None else scope.encode())
+    _field(digest, canonical_json(payload))
+    return f"{KEY_PREFIX}{namespace}:{digest.hexdigest()}"
+
+
+# ---------------------------------------------------------------- eligibility
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is int or type(value) is float  # bool is not a temperature
+
+
+def is_cacheable(operation: str, payload: dict[str, Any], mode: str) -> bool:
+    """SPEC §10: which requests may be answered from (and stored in) the cache.
+
+    ``mode = "deterministic"``: embeddings always; chat and text completions only with
+    ``temperature == 0`` (absent means the API default 1) and ``n`` absent, null or 1.
+    ``mode = "all"``: every request of the three operations.
+    """
+    if operation not in OPERATIONS:
+        return False
+    if mode == "all" or operation == "embeddings":
+        return True
+    if mode != "deterministic":
+        return False
+    temperature = payload.get("temperature")
+    if not _is_number(temperature) or temperature != 0:
+        return False
+    n = payload.get("n")
+    return n is None or (_is_number(n) and n == 1)
+
+
+# ---------------------------------------------------------------- Cache-Control
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDirectives:
+    """The request directives the cache honours (RFC 9111 §5.2.1)."""
+
+    #: skip the lookup, still store the answer
+    no_cache: bool = False
+    #: neither look up nor store
+    no_store: bool = False
+    #: accept only entries younger than this many seconds
+    max_age: float | None = None
+
+
+NO_DIRECTIVES = CacheDirectives()
+#: RFC 9111 §1.2.2: a delta-seconds too large to hold is taken as 2^31
+_DELTA_MAX = 2**31
+_PARSED_MAX = 256  # distinct header values remembered
+_PARSED_VALUE_MAX = 256  # longer values are parsed each time, not remembered
+_parsed: dict[bytes, CacheDirectives] = {}
+
+
+def _split_directives(text: str) -> list[str]:
+    """Split on commas outside quoted-strings (RFC 9110 §5.6.4), keeping the pieces raw."""
+    items: list[str] = []
+    start = 0
+    quoted = escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quoted:
+            if ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch == ",":
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        out: list[str] = []
+        chars = iter(value[1:-1])
+        for ch in chars:
+            out.append(next(chars, "") if ch == "\\" else ch)
+        return "".join(out)
+    return value
+
+
+def _parse(value: bytes) -> CacheDirectives:
+    no_cache = no_store = False
+    max_age: float | None = None
+    for item in _split_directives(value.decode("latin-1")):
+        name, eq, arg = item.partition("=")
+        name = name.strip(" \t").lower()
+        if name == "no-cache":
+            no_cache = True  # an argument (response syntax) is tolerated and ignored
+        elif name == "no-store":
+            no_store = True
+        elif name == "max-age" and eq and max_age is None:
+            digits = _unquote(arg.strip(" \t"))
+            if digits.isascii() and digits.isdigit():  # 1*DIGIT; anything else is ignored
+                max_age = float(min(int(digits), _DELTA_MAX))
+    if not (no_cache or no_store or max_age is not None):
+        return NO_DIRECTIVES
+    return CacheDirectives(no_cache=no_cache, no_store=no_store, max_age=max_age)
+
+
+def parse_cache_control(value: bytes | None) -> CacheDirectives:
+    """Parse a request ``Cache-Control`` value; never raises, unknown directives ignored.
+
+    Several header lines must be joined with ``b", "`` first. Of repeated ``max-age``
+    directives the first valid one counts (RFC 9111 §4.2.1).
+    """
+    if not value:
+        return NO_DIRECTIVES
+    directives = _parsed.get(value)
+    if directives is None:
+        directives = _parse(value)
+        if len(value) <= _PARSED_VALUE_MAX:
+            if len(_parsed) >= _PARSED_MAX:
+                _parsed.clear()
+            _parsed[value] = directives
+    return directives

@@ -1,0 +1,259 @@
+"""The Redis cache store (standalone or Cluster), which must never hold a request up.
+
+A request waits for Redis at most ``cache.timeout_ms`` per command, however Redis fails:
+
+- *refused / killed*: redis-py raises ``ConnectionError`` at once;
+- *black-holed* (SIGSTOP, a dead host behind a live port): ``socket_timeout`` /
+  ``socket_connect_timeout`` bound each socket read and connect, and every call is also
+  wrapped in ``asyncio.timeout`` as the outer bound (a command can involve a connect, the
+  handshake and the command itself, each bounded only on its own by redis-py);
+- *dead for a while*: after ``breaker_failures`` consecutive failures the circuit breaker
+  opens and calls fail at once without touching the network; after ``breaker_reset_s``
+  one probe goes out, and a success resumes caching -- no restart needed.
+
+Client-side retries are off (a retry would double the wait), and redis-py's own retry of the
+connect is off too. The standalone pool is a ``BlockingConnectionPool`` that waits for a free
+connection at most the timeout (then fails) rather than queueing forever; Cluster nodes fail at
+once with ``MaxConnectionsError`` when their pool is full.
+
+A timed-out or cancelled command leaves a half-read reply on its socket. redis-py disconnects
+the connection on any exception while sending or reading (``redis/asyncio/connection.py``:
+the ``except BaseException`` branches of ``AbstractConnection.send_packed_command`` and
+``read_response``), and the pool checks each connection it hands out for unread data or EOF
+(``ConnectionPool.ensure_connection``) -- a check redis-py 8 skips under its default RESP3,
+which is why this store speaks RESP2. So a later command cannot read an earlier command's
+reply (tested with a paused server and with a reply cut off mid-way), and idle connections to
+a Redis that was restarted reconnect instead of failing a request each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+from redis._parsers.commands import AsyncCommandsParser
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ClusterError, MaxConnectionsError, ResponseError
+
+from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.store import CacheUnavailable, lock_key
+from gateway.config import CacheConfig
+
+log = logging.getLogger("gateway.cache")
+
+T = TypeVar("T")
+
+#: connections per process (per node for Cluster); a command takes ~0.1 ms on a LAN
+DEFAULT_MAX_CONNECTIONS: Final = 64
+#: follower polling: start fast (the leader may be nearly done), back off to this
+_POLL_FIRST_S: Final = 0.005
+_POLL_MAX_S: Final = 0.05
+
+# Compare-and-delete: release the lock only while it still holds our token (a lock that
+# expired and was taken by another replica must not be released by us).
+_UNLOCK_LUA: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def _ttl_ms(ttl_s: float) -> int:
+    return max(1, int(ttl_s * 1000))
+
+
+#: the commands this store sends whose only key is their first argument
+_FIRST_ARG_KEY: Final = frozenset({"GET", "SET", "EXISTS"})
+
+
+class _KeyFirstCommandsParser(AsyncCommandsParser):
+    """Find the keys of our commands without the ``COMMAND`` table.
+
+    ``RedisCluster.initialize`` re-runs ``COMMAND`` on every topology refresh, i.e. after every
+    node failure (``redis/asyncio/cluster.py``: ``_execute_command`` sets ``_initialize`` on a
+    ConnectionError/TimeoutError; ``initialize`` calls ``commands_parser.initialize``). The reply
+    describes every command, and parsing it in redis-py's pure-Python parser measured ~35 ms
+    of CPU here, during which the event loop -- every request of the process -- stalls and no
+    ``asyncio.timeout`` can fire. GET, SET and EXISTS take their key first (EVAL is handled by
+    redis-py itself), so the table is only loaded, once, for any other command.
+    """
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if node is not None:
+            self.node = node
+
+    async def get_keys(self, *args: Any) -> tuple[str, ...] | None:
+        if len(args) >= 2 and str(args[0]).upper() in _FIRST_ARG_KEY:
+            return (args[1],)
+        if not self.commands:
+            await super().initialize()
+        return await super().get_keys(*args)
+
+
+class RedisStore:
+    name = "redis"
+
+    def __init__(
+        self,
+        cfg: CacheConfig,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self._timeout = cfg.timeout_ms / 1000.0
+        self._breaker = breaker or CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
+        self._url = cfg.url
+        password: str | None = None
+        if cfg.password_env:
+            password = os.environ.get(cfg.password_env)
+            if password is None:
+                raise ValueError(
+                    f"cache.password_env: environment variable {cfg.password_env} is not set"
+                )
+        common = {
+            "socket_timeout": self._timeout,
+            "socket_connect_timeout": self._timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "decode_responses": False,
+            "health_check_interval": 0,
+            # RESP2, not redis-py 8's default RESP3: RESP3 turns on maintenance notifications
+            # ("auto"), and with them on the pool skips its check that a pooled connection has
+            # no unread data or EOF (``ConnectionPool.ensure_connection``), so each idle
+            # connection to a restarted Redis would fail one request instead of reconnecting.
+            "protocol": 2,
+        }
+        if password is not None:
+            # a password in the URL wins over this one (redis-py: URL options win)
+            common["password"] = password
+        self._client: Redis | RedisCluster
+        if cfg.cluster:
+            cluster = RedisCluster.from_url(
+                cfg.url,
+                max_connections=max_connections,
+                # serve the slots we can reach rather than refuse the whole cluster
+                require_full_coverage=False,
+                **common,
+            )
+            cluster.commands_parser = _KeyFirstCommandsParser()
+            self._client = cluster
+        else:
+            pool = BlockingConnectionPool.from_url(
+                cfg.url, max_connections=max_connections, timeout=self._timeout, **common
+            )
+            self._client = Redis.from_pool(pool)
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        return self._breaker
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run one Redis command under the breaker and the timeout; failures -> CacheUnavailable."""
+        breaker = self._breaker
+        if not breaker.allow():
+            raise CacheUnavailable("redis circuit breaker is open")
+        was_probe = breaker.state == "half_open"
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await op()
+        except MaxConnectionsError as exc:
+            # our own pool is full (a load burst): not Redis's failure, no verdict
+            breaker.release()
+            raise CacheUnavailable(f"redis pool exhausted: {exc}") from exc
+        except ResponseError as exc:
+            if isinstance(exc, ClusterError):  # CLUSTERDOWN, MASTERDOWN: no usable node
+                self._failed(exc)
+            else:  # Redis answered (OOM, MISCONF, READONLY...): it is alive
+                breaker.success()
+            raise CacheUnavailable(f"redis error: {exc}") from exc
+        except Exception as exc:  # refused, reset, timeouts, cluster topology errors, ...
+            self._failed(exc)
+            raise CacheUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
+        except BaseException:  # cancelled by the caller: no verdict
+            breaker.release()
+            raise
+        breaker.success()
+        if was_probe:
+            log.info("redis cache %s is back; caching resumes", self._url_for_log)
+        return result
+
+    def _failed(self, exc: Exception) -> None:
+        before = self._breaker.state
+        self._breaker.failure()
+        if before == "closed" and self._breaker.state == "open":  # once per outage
+            log.warning(
+                "redis cache %s unavailable (%s: %s); serving uncached, retrying in %.1fs",
+                self._url_for_log,
+                type(exc).__name__,
+                exc,
+                self._breaker.reset_s,
+            )
+
+    @property
+    def _url_for_log(self) -> str:
+        # never log credentials that may sit in the URL (userinfo, or ?password= for unix://)
+        scheme, sep, rest = self._url.partition("://")
+        return scheme + sep + rest.rpartition("@")[2].partition("?")[0]
+
+    # ------------------------------------------------------------ the store
+
+    async def get(self, key: str) -> bytes | None:
+        value = await self._call(lambda: self._client.get(key))
+        if value is None or isinstance(value, bytes):
+            return value
+        raise CacheUnavailable(f"redis returned {type(value).__name__}, expected bytes")
+
+    async def set(self, key: str, value: bytes, ttl_s: float) -> None:
+        if ttl_s <= 0:  # no lifetime: nothing to store (as MemoryStore)
+            return
+        await self._call(lambda: self._client.set(key, value, px=_ttl_ms(ttl_s)))
+
+    async def try_lock(self, key: str, ttl_s: float) -> str | None:
+        token = secrets.token_hex(16)
+        acquired = await self._call(
+            lambda: self._client.set(lock_key(key), token, px=_ttl_ms(ttl_s), nx=True)
+        )
+        return token if acquired else None
+
+    async def unlock(self, key: str, token: str) -> None:
+        await self._call(lambda: self._eval_unlock(lock_key(key), token))
+
+    async def _eval_unlock(self, lock: str, token: str) -> object:
+        # EVAL, not EVALSHA: the script is tiny and this saves the NOSCRIPT round trip
+        return await self._client.eval(_UNLOCK_LUA, 1, lock, token)
+
+    async def _locked(self, key: str) -> bool:
+        return bool(await self._call(lambda: self._client.exists(lock_key(key))))
+
+    async def wait_for(self, key: str, timeout_s: float) -> bytes | None:
+        delay = _POLL_FIRST_S
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    value = await self.get(key)
+                    if value is not None:
+                        return value
+                    if not await self._locked(key):
+                        # the leader may have stored and unlocked between our two reads
+                        return await self.get(key)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _POLL_MAX_S)
+        except TimeoutError:
+            return None
+
+    def state(self) -> str:
+        state = self._breaker.state
+        return "ok" if state == "closed" else state
+
+    async def aclose(self) -> None:
+        try:
+            await self._client.aclose()
+        except Exception as exc:  # a paused Redis must not hold shutdown up
+            log.debug("closing the redis client failed: %r", exc)
