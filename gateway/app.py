@@ -20,15 +20,25 @@ from typing import Any
 
 import orjson
 
+from gateway.cache.flight import CONTENT, Flight
+from gateway.cache.replay import DONE_EVENT, Entry, replay_events, usage_event
+from gateway.cache.service import CachePlan, ResponseCache, StreamTee, json_entry, make_store
 from gateway.config import Config, load_config
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, NotFound, PayloadTooLarge
+from gateway.encoding import negotiate
+from gateway.errors import (
+    GatewayError,
+    NotAcceptable,
+    NotFound,
+    PayloadTooLarge,
+    UpstreamStreamError,
+)
 from gateway.hops import upstream
 from gateway.hops.auth import Auth
 from gateway.hops.edge import ClientGone, Edge, read_body
 from gateway.hops.router import OPERATIONS, Router
 from gateway.hops.upstream import Backend
-from gateway.streaming import Relay
+from gateway.streaming import VARY, Relay, note_json_body
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.server_timing import edge_intervals, server_timing
 from gateway.telemetry.tracing import Tracing
@@ -56,6 +66,8 @@ class Gateway:
         self.relay = Relay(self._headers_at_start)
         self.tracing: Tracing | None = None  # made in startup (it starts the export thread)
         self.access_log = AccessLog(config.logging)
+        #: the store connects lazily: a dead Redis never stops the gateway from starting
+        self.cache = ResponseCache(config.cache, make_store(config.cache))
         self.max_body = config.server.max_body_bytes
         self.backends: dict[str, Backend] = {}
         self.router: Router | None = None
@@ -121,6 +133,10 @@ class Gateway:
         await asyncio.gather(
             *(b.transport.aclose() for b in self.backends.values()), return_exceptions=True
         )
+        await self.cache.aclose()
+        if self.tracing is not None:
+            # the export thread may wait on a dead collector: keep the loop free meanwhile
+            await asyncio.to_thread(self.tracing.shutdown)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
@@ -137,15 +153,39 @@ class Gateway:
         if scope["method"] != "POST":
             await self.passthrough(scope, receive, send)
             return
-        ctx = self.begin(scope)  # edge: trust, X-Forwarded-*, request id, trace ids
+        ctx = self.begin(scope, vary=True)  # edge: trust, X-Forwarded-*, request id, trace ids
         try:
             self.auth.check(ctx)  # key -> tenant, before reading any body
-            ctx.body = await read_body(ctx, receive, self.max_body)  # bounded: 413
+            ctx.coding = _negotiate(ctx)  # Accept-Encoding: br | zstd | gzip | identity, or 406
+            ctx.body = await read_body(ctx, receive, self.max_body)  # bounded, decoded: 413/415
             ctx.timeline.body_received = time.perf_counter()
             assert self.router is not None
             self.router.route(ctx)  # parse once, route, policies
-            route = ctx.route
-            assert route is not None
+            lookup = await self.cache.lookup(ctx)  # hit, an identical request in flight, or miss
+            ctx.timeline.routed = time.perf_counter()
+            if lookup.entry is not None:
+                await self.replay(ctx, lookup.entry, send, receive)
+            elif lookup.follow is not None:
+                await self.follow(ctx, lookup.follow, send, receive)
+            else:
+                await self.call_upstream(ctx, lookup.plan, send, receive)
+        except GatewayError as exc:
+            await self._fail(ctx, exc, send)
+        except ClientGone:
+            ctx.status = 499
+        finally:
+            self.finish(ctx)  # spans, access log: from the Timeline
+
+    async def call_upstream(
+        self, ctx: RequestContext, plan: CachePlan | None, send: Send, receive: Receive
+    ) -> None:
+        """Upstream attempts, then the relay (SSE event by event, or JSON held until complete);
+        a complete valid answer goes into the cache (``plan``) after the response."""
+        route = ctx.route
+        assert route is not None
+        entry: Entry | None = None
+        cut: UpstreamStreamError | None = None
+        try:
             resp, attempt = await upstream.forward(  # attempts, backoff, fallback
                 ctx,
                 route.backends,
@@ -155,21 +195,66 @@ class Gateway:
                 self._attempt_headers,
                 self._new_span_id,
             )
-            if ctx.stream and resp.status == 200:  # relay event by event
+            if ctx.stream and resp.status == 200:
                 idle = attempt.backend.config.stream_idle_timeout_s
-                await self.relay.relay_sse(ctx, resp, attempt, send, receive, idle)
-            else:  # held until complete: honest 502
-                await self.relay.relay_json(ctx, resp, attempt, send)
-        except GatewayError as exc:
-            await self._fail(ctx, exc, send)
-        except ClientGone:
-            ctx.status = 499
+                tee = StreamTee(plan) if plan is not None else None
+                cut = await self.relay.relay_sse(
+                    ctx, resp, attempt, send, receive, idle, ctx.coding, tee
+                )
+                if (
+                    plan is not None
+                    and plan.collector is not None
+                    and cut is None
+                    and not ctx.disconnected
+                ):
+                    entry = plan.collector.entry(time.time())
+            else:
+                body = await self.relay.relay_json(ctx, resp, attempt, send, ctx.coding)
+                if plan is not None and body is not None and resp.status == 200:
+                    entry = json_entry(ctx, body)
         finally:
-            self.finish(ctx)  # spans, access log: from the Timeline
+            if plan is not None:
+                error_event = cut.sse_event() if cut is not None else None
+                await self.cache.complete(ctx, plan, entry, error_event)
 
-    def begin(self, scope: Scope) -> RequestContext:
+    async def replay(self, ctx: RequestContext, entry: Entry, send: Send, receive: Receive) -> None:
+        """A cached answer, in the form this request asked for (SPEC §10)."""
+        if ctx.stream and entry.operation != "embeddings":
+            events = replay_events(entry, _wants_usage(ctx))
+            await self.relay.replay_sse(ctx, events, send, receive, ctx.coding)
+        else:
+            await self.relay.replay_json(ctx, entry.body, send, ctx.coding)
+        note_json_body(ctx, entry.body)
+
+    async def follow(
+        self, ctx: RequestContext, flight: Flight, send: Send, receive: Receive
+    ) -> None:
+        """An identical request is in flight in this process: share its answer."""
+        if ctx.stream and flight.streaming:
+            first = await _first_event_or_end(flight)
+            if first:  # the leader is streaming: tail it live
+                self.cache.followed(ctx, None)
+                events = _tail_events(flight, _wants_usage(ctx))
+                await self.relay.replay_sse(ctx, events, send, receive, ctx.coding)
+                if flight.entry is None:
+                    ctx.error = UpstreamStreamError(
+                        "the upstream stream this answer was shared with was cut"
+                    )
+                return
+        else:
+            entry = await flight.wait()
+            if entry is not None:
+                self.cache.followed(ctx, entry)
+                await self.replay(ctx, entry, send, receive)
+                return
+        # the leader produced nothing to share: ask the upstream ourselves (and store)
+        await self.call_upstream(ctx, self.cache.plan_for_follower(ctx), send, receive)
+
+    def begin(self, scope: Scope, vary: bool = False) -> RequestContext:
         ctx = self.edge.accept(scope)
         ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        if vary:  # answers the gateway encodes itself vary by Accept-Encoding (SPEC §9)
+            ctx.response_headers.append(VARY)
         tracing = self.tracing
         if tracing is not None and tracing.enabled:
             tracing.begin(ctx, ctx.incoming_trace)
@@ -307,6 +392,7 @@ class Gateway:
             },
             # reported, never a reason to be unready: requests do not depend on the collector
             "tracing": self.tracing.state() if self.tracing is not None else {"exporter": "none"},
+            "cache": self.cache.state(),
         }
         await _plain_json(send, 200 if self.ready else 503, body)
 
@@ -325,6 +411,47 @@ class Gateway:
         ]
         await self.relay.start(ctx, send, status, headers)
         await send({"type": "http.response.body", "body": body})
+
+
+def _negotiate(ctx: RequestContext) -> str:
+    coding = negotiate(ctx.accept_encoding)
+    if coding is None:
+        raise NotAcceptable(
+            "no acceptable Content-Encoding: the gateway answers in br, zstd, gzip or identity",
+            code="no_acceptable_encoding",
+        )
+    return coding
+
+
+def _wants_usage(ctx: RequestContext) -> bool:
+    opts = (ctx.payload or {}).get("stream_options")
+    return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
+async def _first_event_or_end(flight: Flight) -> bool:
+    """Wait until the leader publishes an event (True) or finishes without any (False)."""
+    while not flight.events and not flight.finished:
+        await flight.changed()
+    return bool(flight.events)
+
+
+async def _tail_events(flight: Flight, include_usage: bool) -> AsyncIterator[bytes]:
+    """A follower's copy of the leader's live stream, with its own usage/[DONE] ending."""
+    async for kind, raw in flight.tail():
+        if kind == CONTENT:
+            yield raw
+    if flight.entry is not None:
+        if include_usage:
+            usage = usage_event(flight.entry)
+            if usage is not None:
+                yield usage
+        yield DONE_EVENT
+    elif flight.error_event is not None:
+        yield flight.error_event
+    else:
+        yield UpstreamStreamError(
+            "the upstream stream this answer was shared with was cut"
+        ).sse_event()
 
 
 def _streamed_body(

@@ -98,15 +98,26 @@ class RequestContext:
         "attempts",
         "body",
         "cache",
+        "cache_control",
+        "cache_error",
+        "cache_key",
+        "cache_lookup_end",
+        "cache_lookup_start",
+        "cache_store_end",
+        "cache_store_start",
+        "cache_stored",
         "captured",
         "client_address",
+        "coding",
         "content_encoding",
+        "content_length",
         "credential",
         "disconnected",
         "edge_marks",
         "edge_times",
         "error",
         "finish_reasons",
+        "forwarded_org",
         "incoming_trace",
         "input_tokens",
         "method",
@@ -151,6 +162,9 @@ class RequestContext:
         self.credential: bytes | None = None
         self.accept_encoding: bytes | None = None
         self.content_encoding: bytes | None = None
+        self.content_length: bytes | None = None
+        #: the response coding negotiated from Accept-Encoding (SPEC §9)
+        self.coding = "identity"
         #: accepted edge hop times: (name, hop.index, epoch seconds it received the request)
         self.edge_times: list[tuple[str, int, float]] = []
         #: edge hop name -> why its header was discarded ("future", "stale", "invalid")
@@ -169,7 +183,18 @@ class RequestContext:
         #: what the route's policies changed (max_tokens cap, history window), for the router span
         self.policies: dict[str, Any] = {}
         self.tenant: str | None = None
+        #: hit | miss | bypass | off (SPEC §7 gateway.cache)
         self.cache = "off"
+        self.cache_control: bytes | None = None
+        #: OpenAI-Organization / OpenAI-Project as sent (part of the cache key, SPEC §10)
+        self.forwarded_org: dict[str, str] | None = None
+        self.cache_lookup_start: float | None = None
+        self.cache_lookup_end: float | None = None
+        self.cache_store_start: float | None = None
+        self.cache_store_end: float | None = None
+        self.cache_stored: int | None = None
+        self.cache_error = False
+        self.cache_key: str | None = None
         self.attempts: list[Attempt] = []
         self.status = 0
         self.response_started = False

@@ -15,13 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import orjson
 
-from gateway.context import Attempt, RequestContext
-from gateway.encoding import Encoder, IdentityEncoder
+from gateway.context import Attempt, RequestContext, Timeline
+from gateway.encoding import (
+    MIN_COMPRESS_BYTES,
+    DecodedTooLarge,
+    DecodeError,
+    Decoder,
+    Encoder,
+    UnsupportedEncoding,
+    accepts,
+    make_decoder,
+    make_encoder,
+)
 from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
 from gateway.hops.edge import HOP_BY_HOP
 from gateway.transports.base import UpstreamResponse
@@ -29,6 +39,9 @@ from gateway.types import RawHeaders, Receive, Send
 
 #: non-stream bodies up to this size are held until complete (honest 502 on a short body)
 HOLD_LIMIT = 8 * 1024 * 1024
+#: bounds on what an upstream's compressed answer may expand to (a bomb is a 502, not an OOM)
+MAX_DECODED_BODY = 64 * 1024 * 1024
+MAX_DECODED_STREAM = 1024 * 1024 * 1024
 #: response headers never copied from the upstream (the gateway sets its own)
 _DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
 _SSE_HEADERS: RawHeaders = [
@@ -36,6 +49,8 @@ _SSE_HEADERS: RawHeaders = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+_T = TypeVar("_T")
 
 #: called right before the response headers go out; returns headers known at that time
 HeaderHook = Callable[[RequestContext], RawHeaders]
@@ -223,8 +238,14 @@ def note_json_body(ctx: RequestContext, body: bytes) -> None:
 # ---------------------------------------------------------------- relays
 
 
+Tee = Callable[[bytes, "bytes | None", Any], None]
+
+
 class Relay:
-    """Writes answers to the client; one per app (no per-request state on self, habit 2)."""
+    """Writes answers to the client; one per app (no per-request state on self, habit 2).
+
+    ``coding`` arguments are what :func:`gateway.encoding.negotiate` chose for the client.
+    """
 
     def __init__(self, header_hook: HeaderHook | None = None) -> None:
         self._header_hook = header_hook
@@ -253,15 +274,17 @@ class Relay:
         await send({"type": "http.response.body", "body": body})
         ctx.timeline.done = time.perf_counter()
 
+    # ------------------------------------------------------------ JSON
+
     async def relay_json(
         self,
         ctx: RequestContext,
         resp: UpstreamResponse,
         attempt: Attempt,
         send: Send,
-        encoder: Encoder | None = None,
+        coding: str = "identity",
     ) -> bytes | None:
-        """Relay a non-stream answer; returns the whole (decoded) body when it was held."""
+        """Relay a non-stream answer; returns the decoded body when it was held whole."""
         parts: list[bytes] = []
         size = 0
         try:
@@ -275,14 +298,23 @@ class Relay:
         finally:
             _upstream_finished(ctx, attempt)
             await resp.aclose()
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        headers = copy_headers(resp.headers)
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        upstream_coding = _header(resp.headers, b"content-encoding")
+        body = raw
+        if upstream_coding is not None and upstream_coding.lower() != b"identity":
+            body = _decode_whole(upstream_coding, raw)
+        headers = copy_headers(resp.headers, _DROP_JSON)
         headers.extend(upstream_request_id(resp.headers))
-        headers.append((b"content-length", str(len(body)).encode()))
         if 200 <= resp.status < 300:
             note_json_body(ctx, body)
+        if upstream_coding is not None and accepts(ctx.accept_encoding, upstream_coding):
+            out = raw  # already in a coding the client takes: never encode twice (SPEC §9)
+            headers.append((b"content-encoding", upstream_coding))
+        else:
+            out = encode_body(body, coding, headers, ctx.accept_encoding)
+        headers.append((b"content-length", str(len(out)).encode()))
         await self.start(ctx, send, resp.status, headers)
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": out})
         ctx.timeline.done = time.perf_counter()
         return body
 
@@ -294,8 +326,8 @@ class Relay:
         parts: list[bytes],
         chunks: AsyncIterator[bytes],
     ) -> None:
-        # Too big to hold: keep the upstream's Content-Length so a later cut is visible to the
-        # client as a short body, never as a complete one.
+        # Too big to hold: pass it through as the upstream sent it, keeping its Content-Length
+        # (and coding) so a later cut shows the client a short body, never a complete one.
         headers = copy_headers(resp.headers, _DROP_RESPONSE - {b"content-length"})
         headers.extend(upstream_request_id(resp.headers))
         await self.start(ctx, send, resp.status, headers)
@@ -304,6 +336,17 @@ class Relay:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         ctx.timeline.done = time.perf_counter()
+
+    async def replay_json(self, ctx: RequestContext, body: bytes, send: Send, coding: str) -> None:
+        """A cached JSON answer."""
+        headers: RawHeaders = [(b"content-type", b"application/json")]
+        out = encode_body(body, coding, headers, ctx.accept_encoding)
+        headers.append((b"content-length", str(len(out)).encode()))
+        await self.start(ctx, send, 200, headers)
+        await send({"type": "http.response.body", "body": out})
+        ctx.timeline.done = time.perf_counter()
+
+    # ------------------------------------------------------------ raw passthrough
 
     async def relay_raw(
         self, ctx: RequestContext, resp: UpstreamResponse, attempt: Attempt, send: Send
@@ -321,6 +364,14 @@ class Relay:
             _upstream_finished(ctx, attempt)
             await resp.aclose()
 
+    # ------------------------------------------------------------ SSE
+
+    def _sse_headers(self, extra: RawHeaders, encoder: Encoder) -> RawHeaders:
+        headers = list(_SSE_HEADERS)
+        headers.extend(extra)
+        headers.extend(encoder.headers)
+        return headers
+
     async def relay_sse(
         self,
         ctx: RequestContext,
@@ -329,26 +380,18 @@ class Relay:
         send: Send,
         receive: Receive,
         idle_timeout: float,
-        encoder: Encoder | None = None,
-        tee: Callable[[bytes], None] | None = None,
-    ) -> bool:
-        """Relay an SSE answer event by event. Returns True when it ended with ``[DONE]``."""
-        task = asyncio.current_task()
-        assert task is not None
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, ctx))
-        try:
-            return await self._relay_events(
-                ctx, resp, attempt, send, idle_timeout, encoder or IdentityEncoder(), tee
-            )
-        except asyncio.CancelledError:
-            if not ctx.disconnected:
-                raise
-            task.uncancel()
-            return False
-        finally:
-            watcher.cancel()
-            _upstream_finished(ctx, attempt)
-            await resp.aclose()
+        coding: str = "identity",
+        tee: Tee | None = None,
+    ) -> UpstreamStreamError | None:
+        """Relay an SSE answer event by event; returns the cut, if the stream was cut."""
+        return await _until_disconnect(
+            ctx,
+            receive,
+            self._relay_events(
+                ctx, resp, attempt, send, idle_timeout, make_encoder(coding, stream=True), tee
+            ),
+            cleanup=lambda: _finish_upstream(ctx, attempt, resp),
+        )
 
     async def _relay_events(
         self,
@@ -358,8 +401,8 @@ class Relay:
         send: Send,
         idle_timeout: float,
         encoder: Encoder,
-        tee: Callable[[bytes], None] | None,
-    ) -> bool:
+        tee: Tee | None,
+    ) -> UpstreamStreamError | None:
         ctype = _header(resp.headers, b"content-type") or b""
         if not ctype.lower().startswith(b"text/event-stream"):
             raise UpstreamError(
@@ -367,19 +410,27 @@ class Relay:
                 f"{ctype.decode('latin-1') or 'none'!r}, not text/event-stream",
                 code="upstream_bad_content_type",
             )
+        upstream_coding = _header(resp.headers, b"content-encoding")
+        decoder = None
+        if upstream_coding is not None and upstream_coding.lower() != b"identity":
+            try:
+                decoder = make_decoder(upstream_coding, MAX_DECODED_STREAM)
+            except UnsupportedEncoding as exc:
+                raise UpstreamError(
+                    f"upstream stream uses an unknown coding: {exc}", code="upstream_bad_encoding"
+                ) from exc
         parser = SSEParser()
         timeline = ctx.timeline
         loop = asyncio.get_running_loop()
-        headers = copy_headers(resp.headers, _DROP_RESPONSE | {b"content-type", b"cache-control"})
-        headers[:0] = _SSE_HEADERS
-        headers.extend(upstream_request_id(resp.headers))
-        headers.extend(encoder.headers)
+        extra = copy_headers(resp.headers, _DROP_SSE)
+        extra.extend(upstream_request_id(resp.headers))
+        headers = self._sse_headers(extra, encoder)
         done = False
         cut: UpstreamStreamError | None = None
-        chunks = resp.aiter_raw()
         try:
             async with asyncio.timeout(idle_timeout) as idle:
-                async for chunk in chunks:
+                async for received in resp.aiter_raw():
+                    chunk = received if decoder is None else _decode_step(decoder, received)
                     events = parser.feed(chunk)
                     if not events:
                         idle.reschedule(loop.time() + idle_timeout)
@@ -390,12 +441,10 @@ class Relay:
                         if done:
                             break  # nothing after [DONE] is part of the answer
                         data = event_data(raw)
-                        if data is None:
-                            out.append(raw)  # comments / keep-alives pass through
-                            continue
+                        obj: Any = None
                         if data == DONE:
                             done = True
-                        elif data[:1] == b"{":
+                        elif data is not None and data[:1] == b"{":
                             try:
                                 obj = orjson.loads(data)
                             except orjson.JSONDecodeError:
@@ -404,24 +453,20 @@ class Relay:
                                 timeline.first_content = now
                         out.append(raw)
                         if tee is not None:
-                            tee(raw)
+                            tee(raw, data, obj)
                     if out:
                         if timeline.last_event is not None:
                             timeline.event_gaps.append(now - timeline.last_event)
                         timeline.last_event = now
-                        payload = b"".join(out)
                         if not ctx.response_started:
                             await self.start(ctx, send, 200, headers)
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": encoder.encode(payload) + encoder.flush(),
-                                "more_body": True,
-                            }
-                        )
+                        body = encoder.encode(b"".join(out)) + encoder.flush()
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
                     if done:
                         break
                     idle.reschedule(loop.time() + idle_timeout)
+                if decoder is not None and not done:
+                    parser.feed(_decode_end(decoder))
         except TimeoutError:
             cut = UpstreamStreamError(
                 f"upstream stream was idle for more than {idle_timeout:g} s",
@@ -437,6 +482,7 @@ class Relay:
                 if parser.pending.strip():
                     what = "ended in the middle of an event"
                 cut = UpstreamStreamError(f"upstream stream {what}")
+        _upstream_finished(ctx, attempt)
         if cut is not None:
             if not ctx.response_started:
                 raise cut_to_http(cut)
@@ -446,7 +492,116 @@ class Relay:
             tail = encoder.finish()
         await send({"type": "http.response.body", "body": tail})
         timeline.done = time.perf_counter()
-        return done
+        return cut
+
+    async def replay_sse(
+        self,
+        ctx: RequestContext,
+        events: AsyncIterator[bytes] | Iterator[bytes],
+        send: Send,
+        receive: Receive,
+        coding: str,
+    ) -> None:
+        """A cached or followed answer as SSE: one write per event, no artificial delay."""
+
+        async def run() -> None:
+            encoder = make_encoder(coding, stream=True)
+            await self.start(ctx, send, 200, self._sse_headers([], encoder))
+            timeline = ctx.timeline
+            if isinstance(events, AsyncIterator):
+                async for raw in events:
+                    await self._replayed_event(ctx, timeline, raw, encoder, send)
+            else:
+                for raw in events:
+                    await self._replayed_event(ctx, timeline, raw, encoder, send)
+            await send({"type": "http.response.body", "body": encoder.finish()})
+            timeline.done = time.perf_counter()
+
+        await _until_disconnect(ctx, receive, run())
+
+    async def _replayed_event(
+        self, ctx: RequestContext, timeline: Timeline, raw: bytes, encoder: Encoder, send: Send
+    ) -> None:
+        if timeline.first_content is None and raw.startswith(b"data: {"):
+            timeline.first_content = time.perf_counter()
+        body = encoder.encode(raw) + encoder.flush()
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+VARY = (b"vary", b"Accept-Encoding")
+_DROP_JSON = _DROP_RESPONSE | {b"content-encoding", b"vary"}
+_DROP_SSE = _DROP_RESPONSE | {b"content-type", b"cache-control", b"content-encoding", b"vary"}
+
+
+def encode_body(
+    body: bytes, coding: str, headers: RawHeaders, accept: bytes | None = None
+) -> bytes:
+    """A whole body in the client's coding; bodies under 1 KiB stay identity (SPEC §9) unless
+    the client refused identity outright (``identity;q=0``)."""
+    if coding == "identity":
+        return body
+    if len(body) < MIN_COMPRESS_BYTES and accepts(accept, "identity"):
+        return body
+    encoder = make_encoder(coding)
+    headers.extend(encoder.headers)
+    return encoder.encode(body) + encoder.finish()
+
+
+def _decode_whole(coding: bytes, raw: bytes) -> bytes:
+    try:
+        decoder = make_decoder(coding, MAX_DECODED_BODY)
+        return decoder.decode(raw) + decoder.flush()
+    except (UnsupportedEncoding, DecodeError, DecodedTooLarge) as exc:
+        raise UpstreamError(
+            f"upstream body is not valid {coding.decode('latin-1')}: {exc}",
+            code="upstream_bad_encoding",
+        ) from exc
+
+
+def _decode_step(decoder: Decoder, chunk: bytes) -> bytes:
+    try:
+        return decoder.decode(chunk)
+    except (DecodeError, DecodedTooLarge) as exc:
+        raise UpstreamError(
+            f"upstream stream is not validly encoded: {exc}", code="upstream_bad_encoding"
+        ) from exc
+
+
+def _decode_end(decoder: Decoder) -> bytes:
+    try:
+        return decoder.flush()
+    except DecodeError as exc:
+        raise UpstreamError(
+            f"upstream stream encoding was cut: {exc}", code="upstream_bad_encoding"
+        ) from exc
+
+
+async def _until_disconnect(
+    ctx: RequestContext,
+    receive: Receive,
+    work: Coroutine[Any, Any, _T],
+    cleanup: Callable[[], Awaitable[None]] | None = None,
+) -> _T | None:
+    """Run ``work`` until it ends or the client disconnects (then cancel it at once)."""
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_watch_disconnect(receive, task, ctx))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not ctx.disconnected:
+            raise
+        task.uncancel()
+        return None
+    finally:
+        watcher.cancel()
+        if cleanup is not None:
+            await cleanup()
+
+
+async def _finish_upstream(ctx: RequestContext, attempt: Attempt, resp: UpstreamResponse) -> None:
+    _upstream_finished(ctx, attempt)
+    await resp.aclose()
 
 
 def cut_to_http(cut: UpstreamStreamError) -> GatewayError:

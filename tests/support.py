@@ -266,6 +266,8 @@ class ScriptedUpstream:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:
+            return  # stop(): end quietly (a cancelled handler task would be logged as an error)
         finally:
             self.closed_connections += 1
             with contextlib.suppress(Exception):

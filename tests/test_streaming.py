@@ -69,12 +69,14 @@ def test_stream_headers(gateway, upstream):
         gw.base_url + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
     ) as resp:
-        body = b"".join(resp.iter_raw())
+        body = b"".join(resp.iter_bytes())
     assert resp.status_code == 200
     assert resp.headers["content-type"] == "text/event-stream"
     assert resp.headers["cache-control"] == "no-cache"
     assert resp.headers["x-accel-buffering"] == "no"
     assert "content-length" not in resp.headers
+    assert resp.headers["vary"] == "Accept-Encoding"
+    assert resp.headers["content-encoding"] == "br"  # httpx2 offers br, the preferred coding
     assert body.endswith(b"data: [DONE]\n\n")
 
 

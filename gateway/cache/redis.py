@@ -256,4 +256,4 @@ class RedisStore:
         try:
             await self._client.aclose()
         except Exception as exc:  # a paused Redis must not hold shutdown up
-            log.debug("closing the redis client failed: %r", exc)
+            log.warning("closing the redis client failed: %r", exc)

@@ -13,6 +13,7 @@ import re
 
 from gateway.config import EdgeConfig
 from gateway.context import RequestContext, Timeline
+from gateway.encoding import request_body_decoder
 from gateway.errors import PayloadTooLarge
 from gateway.types import Receive, Scope
 
@@ -47,6 +48,8 @@ _CONSUMED = HOP_BY_HOP | {
     b"traceparent",
     b"tracestate",
 }
+#: forwarded, and also noted for the cache (SPEC §10)
+_NOTED = frozenset({b"cache-control", b"openai-organization", b"openai-project"})
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")
 #: SPEC §6: edge times more than 1 s ahead of ours or older than 60 s are discarded (and marked)
 MAX_FUTURE_S = 1.0
@@ -91,7 +94,19 @@ class Edge:
                     if hop_values is None:
                         hop_values = {}
                     hop_values[hop_headers[name]] = value
-                forward.append((name.decode("latin-1"), value.decode("latin-1")))
+                pair = (name.decode("latin-1"), value.decode("latin-1"))
+                forward.append(pair)
+                if name in _NOTED:
+                    if name == b"cache-control":
+                        ctx.cache_control = (
+                            value
+                            if ctx.cache_control is None
+                            else ctx.cache_control + b", " + value
+                        )
+                    else:
+                        if ctx.forwarded_org is None:
+                            ctx.forwarded_org = {}
+                        ctx.forwarded_org[pair[0]] = pair[1]
             elif name == b"authorization":
                 if value[:7].lower() == b"bearer ":
                     ctx.credential = value[7:].strip()
@@ -105,6 +120,8 @@ class Edge:
                 ctx.accept_encoding = value
             elif name == b"content-encoding":
                 ctx.content_encoding = value
+            elif name == b"content-length":
+                ctx.content_length = value
             elif name == b"x-request-id":
                 rid = value
             elif name == b"x-forwarded-for":
@@ -214,40 +231,53 @@ def _raw_time(value: bytes | None) -> float | None:
 
 
 async def read_body(ctx: RequestContext, receive: Receive, limit: int) -> bytes:
-    """Read the whole request body, refusing past ``limit`` bytes (413) without reading on."""
-    declared = None
-    for name, value in ctx.scope["headers"]:
-        if name == b"content-length":
-            declared = value
-            break
+    """Read the whole request body, decoding its Content-Encoding as it arrives (SPEC §9).
+
+    Refuses past ``limit`` bytes — counted after decoding, so a decompression bomb stops at
+    the limit with bounded memory (413) — and unsupported codings (415).
+    """
+    declared = ctx.content_length
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
             f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
             code="body_too_large",
         )
+    coding = ctx.content_encoding
+    decoder = None
+    if coding is not None and coding.strip().lower() not in (b"", b"identity"):
+        decoder = request_body_decoder(coding, limit)
     message = await receive()
+    if message["type"] == "http.disconnect":
+        ctx.disconnected = True
+        raise ClientGone()
     body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
+    if decoder is None and not message.get("more_body", False):
         if len(body) > limit:
-            raise PayloadTooLarge(
-                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
-            )
+            raise _too_large(limit)
         return body
-    parts = [body]
-    size = len(body)
-    while message.get("more_body", False):
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        size += len(body)
+        if size > limit:  # raw bytes: for identity the limit; for codings a cap on the input
+            raise _too_large(limit)
+        parts.append(body if decoder is None else decoder.decode(body))
+        if not message.get("more_body", False):
+            break
         message = await receive()
         if message["type"] == "http.disconnect":
             ctx.disconnected = True
             raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
-            )
-        parts.append(chunk)
+        body = message.get("body", b"")
+    if decoder is not None:
+        parts.append(decoder.flush())
     return b"".join(parts)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+    )
 
 
 class ClientGone(Exception):

@@ -1,0 +1,283 @@
+"""The response cache as the request path sees it: lookup in the router hop, store after the
+response, single flight in between (SPEC §10).
+
+Fail-open by construction: every store call may raise :class:`CacheUnavailable` (Redis dead,
+black-holed, breaker open); the request is then served uncached with ``x-gateway-cache:
+BYPASS`` and the ``error`` counter moves. The Redis store bounds each call by
+``cache.timeout_ms`` and its breaker makes a dead Redis cost no wait at all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.cache.flight import CONTENT, DONE, USAGE_ONLY, Flight, Flights
+from gateway.cache.keys import NO_DIRECTIVES, cache_key, is_cacheable, parse_cache_control
+from gateway.cache.replay import Entry, StreamCollector
+from gateway.cache.store import CacheStore, CacheUnavailable
+from gateway.config import CacheConfig
+from gateway.hops.auth import credential_scope
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+
+
+class CacheStats:
+    """Counters for ``gateway_cache_requests_total{result}`` (read by /metrics and /readyz)."""
+
+    __slots__ = ("bypass", "error", "hit", "miss")
+
+    def __init__(self) -> None:
+        self.hit = self.miss = self.bypass = self.error = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"hit": self.hit, "miss": self.miss, "bypass": self.bypass, "error": self.error}
+
+
+class CachePlan:
+    """What one request does with the cache after its lookup."""
+
+    __slots__ = ("collector", "flight", "key", "lock_token", "store")
+
+    def __init__(self, key: str, store: bool) -> None:
+        self.key = key
+        #: whether the answer may be stored (not no-store, store reachable at lookup time)
+        self.store = store
+        self.flight: Flight | None = None
+        self.lock_token: str | None = None
+        self.collector: StreamCollector | None = None
+
+
+class Lookup:
+    __slots__ = ("entry", "follow", "key", "plan")
+
+    def __init__(
+        self,
+        entry: Entry | None = None,
+        follow: Flight | None = None,
+        plan: CachePlan | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.entry = entry  # a hit: answer from this
+        self.follow = follow  # an identical request is in flight here: follow it
+        self.plan = plan  # a miss: go upstream, then complete()
+        self.key = key
+
+
+NOTHING = Lookup()
+
+
+def make_store(cfg: CacheConfig) -> CacheStore | None:
+    if cfg.backend == "off":
+        return None
+    if cfg.backend == "memory":
+        from gateway.cache.memory import MemoryStore
+
+        return MemoryStore(cfg.max_entries, cfg.max_memory_bytes)
+    from gateway.cache.redis import RedisStore
+
+    return RedisStore(cfg)
+
+
+class ResponseCache:
+    def __init__(self, cfg: CacheConfig, store: CacheStore | None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.enabled = store is not None
+        #: cross-replica locks only make sense for a shared store
+        self._locks = store is not None and store.name == "redis"
+        self.flights = Flights()
+        self.stats = CacheStats()
+        self._ttl = cfg.ttl_s
+        self._flight_wait = cfg.flight_wait_ms / 1000
+
+    def _bypass(self, ctx: RequestContext, error: bool = False) -> Lookup:
+        ctx.cache = "bypass"
+        self.stats.bypass += 1
+        if error:
+            self.stats.error += 1
+            ctx.cache_error = True
+        ctx.response_headers.append((b"x-gateway-cache", b"BYPASS"))
+        return NOTHING
+
+    async def lookup(self, ctx: RequestContext) -> Lookup:
+        """The router hop's cache step (timed on the Timeline as the ``cache lookup`` span)."""
+        store = self.store
+        if store is None:
+            return NOTHING
+        payload = ctx.payload
+        assert payload is not None and ctx.operation is not None
+        if not is_cacheable(ctx.operation, payload, self.cfg.mode):
+            return self._bypass(ctx)
+        directives = parse_cache_control(ctx.cache_control) if ctx.cache_control else NO_DIRECTIVES
+        if directives.no_store:
+            return self._bypass(ctx)
+        key = cache_key(
+            namespace=self.cfg.namespace,
+            path=ctx.path,
+            query=ctx.query,
+            payload=payload,
+            scope=None if self.cfg.scope == "global" else credential_scope(ctx),
+            headers=ctx.forwarded_org,
+        )
+        ctx.cache_lookup_start = time.perf_counter()
+        try:
+            if not directives.no_cache:
+                flight = self.flights.get(key)
+                if flight is not None:
+                    ctx.cache_key = key
+                    return Lookup(follow=flight, key=key)
+                try:
+                    raw = await store.get(key)
+                except CacheUnavailable:
+                    return self._bypass(ctx, error=True)
+                entry = Entry.decode(raw) if raw is not None else None
+                if entry is not None and (
+                    directives.max_age is None
+                    or time.time() - entry.stored_at <= directives.max_age
+                ):
+                    return self._hit(ctx, entry)
+            plan = self._miss(ctx, key)
+            if self._locks and not directives.no_cache:
+                entry = await self._across_replicas(plan)
+                if entry is not None:
+                    self._finish_flight(plan, entry)
+                    self.stats.miss -= 1
+                    ctx.response_headers.pop()
+                    return self._hit(ctx, entry)
+            return Lookup(plan=plan)
+        finally:
+            ctx.cache_lookup_end = time.perf_counter()
+
+    def _miss(self, ctx: RequestContext, key: str) -> CachePlan:
+        self.stats.miss += 1
+        ctx.cache = "miss"
+        ctx.response_headers.append((b"x-gateway-cache", b"MISS"))
+        plan = CachePlan(key, store=True)
+        if self.flights.get(key) is None:
+            plan.flight = self.flights.lead(key, ctx.stream)
+        if ctx.stream:
+            assert ctx.operation is not None
+            plan.collector = StreamCollector(ctx.operation, self.cfg.max_entry_bytes)
+        return plan
+
+    def plan_for_follower(self, ctx: RequestContext) -> CachePlan | None:
+        """The leader a request followed produced nothing to share: it goes upstream itself."""
+        if ctx.cache_key is None:
+            return None
+        return self._miss(ctx, ctx.cache_key)
+
+    def _hit(self, ctx: RequestContext, entry: Entry) -> Lookup:
+        self.followed(ctx, entry)
+        return Lookup(entry=entry)
+
+    async def _across_replicas(self, plan: CachePlan) -> Entry | None:
+        """Best effort: the replica holding the lock leads; others wait (bounded) for its entry."""
+        assert self.store is not None
+        try:
+            plan.lock_token = await self.store.try_lock(plan.key, self._flight_wait)
+            if plan.lock_token is not None:
+                return None
+            raw = await self.store.wait_for(plan.key, self._flight_wait)
+        except CacheUnavailable:
+            return None
+        return Entry.decode(raw) if raw is not None else None
+
+    def followed(self, ctx: RequestContext, entry: Entry | None) -> None:
+        """A follower shares the leader's answer: a hit (it makes no upstream call)."""
+        self.stats.hit += 1
+        ctx.cache = "hit"
+        age = max(0, int(time.time() - entry.stored_at)) if entry is not None else 0
+        ctx.response_headers.append((b"x-gateway-cache", b"HIT"))
+        ctx.response_headers.append((b"age", str(age).encode()))
+
+    async def complete(
+        self,
+        ctx: RequestContext,
+        plan: CachePlan,
+        entry: Entry | None,
+        error_event: bytes | None = None,
+    ) -> None:
+        """After the response: store a complete, valid answer; release followers and the lock."""
+        try:
+            if entry is not None and plan.store and len(entry.body) <= self.cfg.max_entry_bytes:
+                assert self.store is not None
+                ctx.cache_store_start = time.perf_counter()
+                try:
+                    value = entry.encode()
+                    if len(value) <= self.cfg.max_entry_bytes:
+                        await self.store.set(plan.key, value, self._ttl)
+                        ctx.cache_stored = len(value)
+                except CacheUnavailable:
+                    self.stats.error += 1
+                    ctx.cache_error = True
+                finally:
+                    ctx.cache_store_end = time.perf_counter()
+        finally:
+            self._finish_flight(plan, entry, error_event)
+            if plan.lock_token is not None and self.store is not None:
+                try:
+                    await self.store.unlock(plan.key, plan.lock_token)
+                except CacheUnavailable:
+                    pass  # the lock expires by itself (flight_wait_ms)
+
+    def _finish_flight(
+        self, plan: CachePlan, entry: Entry | None, error_event: bytes | None = None
+    ) -> None:
+        if plan.flight is not None:
+            plan.flight.finish(entry, error_event)
+            self.flights.end(plan.key, plan.flight)
+            plan.flight = None
+
+    def state(self) -> dict[str, Any]:
+        if self.store is None:
+            return {"backend": "off"}
+        return {
+            "backend": self.store.name,
+            "state": self.store.state(),
+            "counters": self.stats.as_dict(),
+            "in_flight": len(self.flights),
+        }
+
+    async def aclose(self) -> None:
+        if self.store is not None:
+            await self.store.aclose()
+
+
+def json_entry(ctx: RequestContext, body: bytes) -> Entry | None:
+    """An entry from a complete non-stream 200 answer."""
+    assert ctx.operation is not None
+    return Entry(time.time(), ctx.operation, body, None)
+
+
+class StreamTee:
+    """Fed every relayed SSE event: collects the entry, publishes to followers."""
+
+    __slots__ = ("collector", "flight")
+
+    def __init__(self, plan: CachePlan) -> None:
+        self.collector = plan.collector
+        self.flight = plan.flight
+
+    def __call__(self, raw: bytes, data: bytes | None, obj: Any) -> None:
+        if data is None:
+            return  # comments and keep-alives are not part of the answer
+        if data == b"[DONE]":
+            if self.flight is not None:
+                self.flight.publish(DONE, raw)
+            return
+        usage_only = isinstance(obj, dict) and obj.get("choices") == []
+        if self.collector is not None:
+            self.collector.add(data, obj if obj is not None else _loads(data))
+        if self.flight is not None:
+            self.flight.publish(USAGE_ONLY if usage_only else CONTENT, raw)
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
