@@ -1,0 +1,989 @@
+"""Gateway overhead benchmark: wrk -> nginx directly versus wrk -> gateway -> nginx (SPEC §15).
+
+    python loadtests/overhead.py [--duration 10] [--variant NAME ...] [--cores GW,LOAD]
+                                 [--connections 32] [--repeat 1] [--list]
+
+The upstream is nginx answering every request with ``return 200`` and a fixed ``chat.completion``
+body, and the load client is wrk (Lua scripts in ``loadtests/wrk/``): neither is Python, so the
+numbers measure the gateway rather than the harness. The gateway runs pinned to one core
+(``taskset``); nginx, wrk and any helper (OTLP sink, redis-server) share the other one.
+
+For every target (``direct`` = wrk straight to nginx, then each selected gateway *variant*) it
+prints requests/s at ``--connections`` (32) and latency percentiles at concurrency 1, plus the
+p50 the gateway adds over direct and each variant's throughput relative to ``core``. Variants are
+entries in :data:`VARIANTS`: extra TOML for the gateway config plus the wrk script to drive it.
+
+Everything it starts (nginx, gateways, sink, redis) is stopped by its own PID in ``finally``;
+temp files live in one temp dir that is removed at the end. All traffic stays on 127.0.0.1.
+Exit status: 0 ok, 1 a run failed (or saw errors), 2 missing tools / bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import typing
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WRK_DIR = HERE / "wrk"
+OTLP_SINK = HERE / "otlp_sink.py"
+
+WARMUP_S = 2
+IDLE_PROBE_S = 1.0
+LATENCY_CONNECTIONS = 1
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+# What nginx answers to every request: a small but realistic non-streaming chat completion.
+UPSTREAM_BODY = (
+    '{"id":"chatcmpl-bench0000000000000000000000","object":"chat.completion",'
+    '"created":1733140800,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_bench",'
+    '"choices":[{"index":0,"message":{"role":"assistant",'
+    '"content":"Hello! How can I help you today?","refusal":null},'
+    '"logprobs":null,"finish_reason":"stop"}],'
+    '"usage":{"prompt_tokens":24,"completion_tokens":9,"total_tokens":33,'
+    '"prompt_tokens_details":{"cached_tokens":0},'
+    '"completion_tokens_details":{"reasoning_tokens":0}}}'
+)
+
+
+# ---------------------------------------------------------------- variants
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One gateway configuration to measure.
+
+    ``toml`` is appended to the base config (one backend -> nginx, a catch-all route, access log
+    off). Placeholders start what they name: ``{otlp_endpoint}`` a fresh OTLP/HTTP sink for that
+    variant (``loadtests/otlp_sink.py``), ``{redis_url}`` a private ``redis-server`` (one per
+    run, flushed before each variant), ``{dead_endpoint}`` a closed port. ``lua`` is the wrk
+    script in ``loadtests/wrk/``.
+    """
+
+    description: str
+    toml: str
+    lua: str = "chat.lua"
+
+    @property
+    def needs(self) -> set[str]:
+        return set(re.findall(r"\{(\w+)\}", self.toml))
+
+
+_NO_TRACING = '[tracing]\nexporter = "none"\n'
+_NO_CACHE = '[cache]\nbackend = "off"\n'
+
+VARIANTS: dict[str, Variant] = {
+    "core": Variant(
+        "proxy only: cache off, tracing off (the baseline)",
+        _NO_CACHE + _NO_TRACING,
+    ),
+    "tracing-otlp": Variant(
+        "every request traced and exported over OTLP/HTTP to a local sink",
+        _NO_CACHE
+        + '[tracing]\nexporter = "otlp"\nendpoint = "{otlp_endpoint}"\n'
+        + 'protocol = "http/protobuf"\nsample_ratio = 1.0\n',
+    ),
+    "tracing-collector-down": Variant(
+        "every request traced; the OTLP endpoint is a closed port",
+        _NO_CACHE
+        + '[tracing]\nexporter = "otlp"\nendpoint = "{dead_endpoint}"\n'
+        + 'protocol = "http/protobuf"\nsample_ratio = 1.0\n',
+    ),
+    "cache-memory-hit": Variant(
+        "in-process cache, the same body every request (hits)",
+        '[cache]\nbackend = "memory"\nmode = "all"\n' + _NO_TRACING,
+    ),
+    "cache-memory-miss": Variant(
+        "in-process cache, a unique prompt every request (misses + stores)",
+        '[cache]\nbackend = "memory"\nmode = "all"\n' + _NO_TRACING,
+        lua="chat_unique.lua",
+    ),
+    "cache-redis-hit": Variant(
+        "Redis cache on the load core, the same body every request (hits)",
+        '[cache]\nbackend = "redis"\nurl = "{redis_url}"\nmode = "all"\n' + _NO_TRACING,
+    ),
+    "cache-redis-miss": Variant(
+        "Redis cache on the load core, a unique prompt every request (misses + stores)",
+        '[cache]\nbackend = "redis"\nurl = "{redis_url}"\nmode = "all"\n' + _NO_TRACING,
+        lua="chat_unique.lua",
+    ),
+}
+DEFAULT_VARIANTS = ("core",)
+BASELINE = "core"
+
+
+def base_toml(upstream_port: int) -> str:
+    return textwrap.dedent(
+        f"""\
+        # generated by loadtests/overhead.py
+        [server]
+        host = "127.0.0.1"
+        shutdown_grace_s = 2
+
+        [[backends]]
+        name = "nginx"
+        url = "http://127.0.0.1:{upstream_port}/v1"
+
+        [[routes]]
+        name = "all"
+        models = ["*"]
+        backends = ["nginx"]
+
+        [logging]
+        access_log = "off"
+
+        """
+    )
+
+
+# ---------------------------------------------------------------- wrk output
+
+
+@dataclass
+class WrkResult:
+    rps: float = 0.0
+    requests: int = 0
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    non_2xx: int = 0
+    socket_errors: dict[str, int] = field(default_factory=dict)
+    raw: str = ""
+
+    @property
+    def errors(self) -> int:
+        return self.non_2xx + sum(self.socket_errors.values())
+
+
+_UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
+
+
+def parse_duration_ms(text: str) -> float:
+    """``"812.00us"`` -> 0.812, ``"1.20ms"`` -> 1.2, ``"2.00s"`` -> 2000.0."""
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m|h)", text.strip())
+    if not m:
+        raise ValueError(f"not a wrk duration: {text!r}")
+    return float(m.group(1)) * _UNIT_MS[m.group(2)]
+
+
+def parse_wrk(out: str) -> WrkResult:
+    """Parse wrk's text summary (``--latency`` adds the percentile table)."""
+    r = WrkResult(raw=out)
+    m = re.search(r"^Requests/sec:\s+([0-9.]+)", out, re.M)
+    if not m:
+        raise ValueError("wrk printed no Requests/sec line")
+    r.rps = float(m.group(1))
+    m = re.search(r"^\s*(\d+) requests in", out, re.M)
+    if m:
+        r.requests = int(m.group(1))
+    for pct, attr in (("50", "p50_ms"), ("90", "p90_ms"), ("99", "p99_ms")):
+        m = re.search(rf"^\s+{pct}%\s+([0-9.]+(?:us|ms|s|m|h))\s*$", out, re.M)
+        if m:
+            setattr(r, attr, parse_duration_ms(m.group(1)))
+    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    if m:
+        r.non_2xx = int(m.group(1))
+    m = re.search(r"Socket errors:\s+(.*)$", out, re.M)
+    if m:
+        for kind, n in re.findall(r"(\w+) (\d+)", m.group(1)):
+            if int(n):
+                r.socket_errors[kind] = int(n)
+    return r
+
+
+@dataclass
+class Measurement:
+    """One target: wrk at -c32 (throughput) and -c1 (latency), plus CPU accounting."""
+
+    thr: WrkResult = field(default_factory=WrkResult)
+    lat: WrkResult = field(default_factory=WrkResult)
+    #: per-CPU busy % in the second before the warm-up, with everything of ours idle
+    idle_busy: dict[int, float] = field(default_factory=dict)
+    #: per-CPU busy % and steal % during the -c32 run
+    run_busy: dict[int, float] = field(default_factory=dict)
+    run_steal: dict[int, float] = field(default_factory=dict)
+    #: the gateway process's CPU during the -c32 run: % of one core, and per request
+    gw_cpu_pct: float | None = None
+    gw_cpu_us: float | None = None
+    #: anything else worth printing under the table (e.g. what the OTLP sink received)
+    notes: list[str] = field(default_factory=list)
+    #: every round (with --repeat), for error counts and the spread
+    all_thr: list[WrkResult] = field(default_factory=list)
+    all_lat: list[WrkResult] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- CPU accounting
+
+CpuTimes = dict[int, tuple[int, int, int]]  # cpu -> (busy, steal, total) in clock ticks
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_times() -> CpuTimes:
+    """Per-CPU counters from /proc/stat (empty where there is no /proc)."""
+    out: CpuTimes = {}
+    try:
+        text = Path("/proc/stat").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = re.match(r"cpu(\d+)\s+(.*)", line)
+        if not m:
+            continue
+        v = [int(x) for x in m.group(2).split()[:8]] + [0] * 8
+        user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+        busy = user + nice + system + irq + softirq
+        out[int(m.group(1))] = (busy, steal, busy + steal + idle + iowait)
+    return out
+
+
+def busy_pct(before: CpuTimes, after: CpuTimes) -> tuple[dict[int, float], dict[int, float]]:
+    busy: dict[int, float] = {}
+    steal: dict[int, float] = {}
+    for cpu, (b1, s1, t1) in after.items():
+        b0, s0, t0 = before.get(cpu, (b1, s1, t1))
+        if t1 > t0:
+            busy[cpu] = 100.0 * (b1 - b0) / (t1 - t0)
+            steal[cpu] = 100.0 * (s1 - s0) / (t1 - t0)
+    return busy, steal
+
+
+def cpu_wall_s(before: CpuTimes, after: CpuTimes) -> float:
+    """Elapsed seconds between two samples, from one CPU's total ticks."""
+    for cpu, (_, _, t1) in after.items():
+        if cpu in before:
+            return (t1 - before[cpu][2]) / CLK_TCK
+    return 0.0
+
+
+def proc_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of one process (``/proc/PID/stat`` utime + stime)."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Pinning:
+    """Which cores the gateway and the load side run on (None = unpinned)."""
+
+    def __init__(self, gw: int | None, load: int | None) -> None:
+        self.gw, self.load = gw, load
+
+    def gateway(self, argv: list[str]) -> list[str]:
+        return self._wrap(self.gw, argv)
+
+    def loader(self, argv: list[str]) -> list[str]:
+        return self._wrap(self.load, argv)
+
+    @staticmethod
+    def _wrap(core: int | None, argv: list[str]) -> list[str]:
+        return argv if core is None else ["taskset", "-c", str(core), *argv]
+
+    def describe(self) -> str:
+        if self.gw is None:
+            return "unpinned (gateway, nginx and wrk share every CPU)"
+        return f"gateway on CPU {self.gw}; nginx, wrk and helpers on CPU {self.load}"
+
+
+class Procs:
+    """Processes this script started; stopped by their own PID, newest first."""
+
+    def __init__(self) -> None:
+        self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        with log.open("ab") as fh:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches only us; we stop them in order
+            )
+        self._procs.append((name, proc))
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int | None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait(5)
+        self._procs = [(n, p) for n, p in self._procs if p is not proc]
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for _, proc in reversed(list(self._procs)):
+            self.stop(proc)
+
+
+def wait_until(
+    check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, log: Path
+) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}\n{tail(log)}")
+        if check():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not come up within {START_TIMEOUT_S:.0f}s\n{tail(log)}")
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text("utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return textwrap.indent("\n".join(text), "    | ")
+
+
+def http(
+    method: str, url: str, body: bytes | None = None, timeout: float = 2.0
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method)
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", "Bearer sk-bench")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (OSError, urllib.error.URLError):
+        return 0, b""
+
+
+PROBE_BODY = (
+    b'{"model":"gpt-4o-mini","temperature":0,'
+    b'"messages":[{"role":"user","content":"overhead.py probe"}]}'
+)
+
+
+# ---------------------------------------------------------------- the bench
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, pin: Pinning, tmp: Path) -> None:
+        self.args = args
+        self.pin = pin
+        self.tmp = tmp
+        self.procs = Procs()
+        self.nginx_port = 0
+        self._helpers: dict[str, str] = {}  # template key -> value, filled lazily
+
+    # -- helpers ----------------------------------------------------------
+
+    def start_nginx(self) -> None:
+        root = self.tmp / "nginx"
+        for sub in ("logs", "tmp"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        self.nginx_port = free_port()
+        body = UPSTREAM_BODY.replace("\\", "\\\\").replace("'", "\\'")
+        assert "$" not in body  # nginx would expand it as a variable
+        conf = root / "nginx.conf"
+        conf.write_text(
+            textwrap.dedent(
+                f"""\
+                daemon off;
+                master_process on;
+                worker_processes 1;
+                pid {root}/nginx.pid;
+                error_log {root}/logs/error.log warn;
+                events {{ worker_connections 4096; multi_accept on; }}
+                http {{
+                    access_log off;
+                    client_body_temp_path {root}/tmp/body;
+                    proxy_temp_path {root}/tmp/proxy;
+                    fastcgi_temp_path {root}/tmp/fastcgi;
+                    uwsgi_temp_path {root}/tmp/uwsgi;
+                    scgi_temp_path {root}/tmp/scgi;
+                    keepalive_requests 1000000000;
+                    keepalive_timeout 300s;
+                    client_body_buffer_size 64k;
+                    server_tokens off;
+                    server {{
+                        listen 127.0.0.1:{self.nginx_port} backlog=4096;
+                        default_type application/json;
+                        location / {{
+                            return 200 '{body}';
+                        }}
+                    }}
+                }}
+                """
+            )
+        )
+        log = root / "logs" / "stdout.log"
+        nginx = find_tool("nginx") or "nginx"
+        argv = [nginx, "-p", str(root), "-e", str(root / "logs" / "error.log"), "-c", str(conf)]
+        proc = self.procs.start("nginx", self.pin.loader(argv), log)
+        url = f"http://127.0.0.1:{self.nginx_port}/v1/chat/completions"
+        wait_until(lambda: http("POST", url, PROBE_BODY)[0] == 200, proc, "nginx", log)
+
+    def helper(self, key: str) -> str:
+        """Value for a TOML placeholder; Redis is shared by the variants (flushed per variant)."""
+        if key not in self._helpers:
+            if key == "redis_url":
+                self._helpers[key] = self._start_redis()
+            elif key == "dead_endpoint":
+                self._helpers[key] = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+            else:
+                raise ValueError(f"unknown placeholder {{{key}}} in a variant's TOML")
+        return self._helpers[key]
+
+    def _start_sink(self, name: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+        """A fresh OTLP/HTTP sink per variant, so its totals are that variant's."""
+        port = free_port()
+        log = self.tmp / f"otlp_sink-{name}.log"
+        argv = [sys.executable, str(OTLP_SINK), "--port", str(port)]
+        proc = self.procs.start("otlp_sink", self.pin.loader(argv), log, cwd=REPO)
+        wait_until(lambda: port_open(port), proc, "otlp_sink.py", log)
+        # the SPEC's endpoint is the OTLP base URL (like OTEL_EXPORTER_OTLP_ENDPOINT);
+        # the exporter posts to <endpoint>/v1/traces, the one path the sink serves
+        return proc, f"http://127.0.0.1:{port}", log
+
+    def _stop_sink(self, proc: subprocess.Popen[bytes], log: Path) -> str:
+        self.procs.stop(proc)
+        for line in reversed(log.read_text("utf-8", errors="replace").splitlines()):
+            if line.startswith("{"):
+                try:
+                    t = json.loads(line)
+                except ValueError:
+                    break
+                return (
+                    f"otlp sink received {t.get('requests', 0)} export requests, "
+                    f"{t.get('bytes', 0) / 1e6:.2f} MB, {t.get('errors', 0)} errors"
+                )
+        return "otlp sink printed no totals"
+
+    def _start_redis(self) -> str:
+        port = free_port()
+        log = self.tmp / "redis.log"
+        rdir = self.tmp / "redis"
+        rdir.mkdir(exist_ok=True)
+        argv = [
+            find_tool("redis-server") or "redis-server",
+            "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes",
+            "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", str(rdir),
+        ]  # fmt: skip
+        proc = self.procs.start("redis", self.pin.loader(argv), log)
+        wait_until(lambda: redis_ping(port), proc, "redis-server", log)
+        return f"redis://127.0.0.1:{port}/0"
+
+    def skip_reason(self, name: str) -> str | None:
+        v = VARIANTS[name]
+        if "otlp_endpoint" in v.needs and not OTLP_SINK.exists():
+            return f"{OTLP_SINK.relative_to(REPO)} does not exist (yet)"
+        if "redis_url" in v.needs and not find_tool("redis-server"):
+            return "redis-server not found (Debian package redis-server)"
+        return None
+
+    # -- wrk --------------------------------------------------------------
+
+    def wrk(self, port: int, lua: str, connections: int, duration: float, latency: bool) -> str:
+        argv = [
+            "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
+            "-s", str(WRK_DIR / lua),
+        ]  # fmt: skip
+        if latency:
+            argv.append("--latency")
+        argv += [f"http://127.0.0.1:{port}", "--", uuid.uuid4().hex]  # run id for chat_unique
+        res = subprocess.run(
+            self.pin.loader(argv),
+            capture_output=True,
+            text=True,
+            timeout=duration + 60,
+            check=False,
+        )
+        if res.returncode != 0:
+            raise RuntimeError(f"wrk failed ({res.returncode}): {res.stderr.strip()}")
+        return res.stdout
+
+    def measure(self, port: int, lua: str, gw_pid: int | None = None) -> Measurement:
+        """Idle probe, warm-up, then ``--repeat`` rounds of c=32 and c=1; the best round wins.
+
+        Other load on the machine only ever makes a round slower, so with ``--repeat`` > 1 the
+        table shows the highest req/s and the lowest p50 seen (and the notes show the spread).
+        """
+        m = Measurement()
+        t0 = cpu_times()
+        time.sleep(IDLE_PROBE_S)  # everything is idle now: is anybody else using our cores?
+        m.idle_busy, _ = busy_pct(t0, cpu_times())
+        self.wrk(port, lua, self.args.connections, WARMUP_S, latency=False)
+        best_rps = -1.0
+        for _ in range(self.args.repeat):
+            t0, g0 = cpu_times(), proc_cpu_s(gw_pid)
+            thr = parse_wrk(self.wrk(port, lua, self.args.connections, self.args.duration, False))
+            t1, g1 = cpu_times(), proc_cpu_s(gw_pid)
+            m.all_thr.append(thr)
+            if thr.rps > best_rps:
+                best_rps = thr.rps
+                m.thr = thr
+                m.run_busy, m.run_steal = busy_pct(t0, t1)
+                m.gw_cpu_pct = m.gw_cpu_us = None
+                if g0 is not None and g1 is not None and thr.requests:
+                    wall = cpu_wall_s(t0, t1)
+                    m.gw_cpu_pct = 100.0 * (g1 - g0) / wall if wall else None
+                    m.gw_cpu_us = 1e6 * (g1 - g0) / thr.requests
+            lat = parse_wrk(self.wrk(port, lua, LATENCY_CONNECTIONS, self.args.duration, True))
+            m.all_lat.append(lat)
+            if m.lat.p50_ms is None or (lat.p50_ms is not None and lat.p50_ms < m.lat.p50_ms):
+                m.lat = lat
+        if self.args.repeat > 1:
+            rps = sorted(r.rps for r in m.all_thr)
+            p50 = sorted(r.p50_ms for r in m.all_lat if r.p50_ms is not None)
+            note = f"{len(rps)} rounds: req/s {rps[0]:,.0f} to {rps[-1]:,.0f}"
+            if p50:
+                note += f", p50 {p50[0]:.3f} to {p50[-1]:.3f} ms"
+            m.notes.append(note + " (best shown)")
+        return m
+
+    # -- gateway ----------------------------------------------------------
+
+    def run_variant(self, name: str) -> Measurement:
+        v = VARIANTS[name]
+        sink: tuple[subprocess.Popen[bytes], str, Path] | None = None
+        if "otlp_endpoint" in v.needs:
+            sink = self._start_sink(name)
+        subst = {k: self.helper(k) for k in sorted(v.needs - {"otlp_endpoint"})}
+        if sink:
+            subst["otlp_endpoint"] = sink[1]
+        if "redis_url" in subst:
+            redis_command(subst["redis_url"], b"FLUSHALL")
+        cfg = self.tmp / f"gateway-{name}.toml"
+        cfg.write_text(base_toml(self.nginx_port) + v.toml.format(**subst))
+        port = free_port()
+        log = self.tmp / f"gateway-{name}.log"
+        env = {k: val for k, val in os.environ.items() if not k.startswith("GATEWAY")}
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)]
+        argv += ["--port", str(port)]
+        proc = self.procs.start(f"gateway[{name}]", self.pin.gateway(argv), log, cwd=REPO, env=env)
+        result: Measurement | None = None
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: http("GET", base + "/healthz")[0] == 200, proc, "gateway", log)
+            status, body = http("POST", base + "/v1/chat/completions", PROBE_BODY, timeout=10)
+            if status != 200:
+                raise RuntimeError(
+                    f"gateway answered a probe chat completion with {status}: "
+                    f"{body[:300].decode(errors='replace')}\n{tail(log)}"
+                )
+            result = self.measure(port, v.lua, gw_pid=proc.pid)
+            if "redis_url" in subst:  # evidence the cache is in the path: 1 key for hits, many else
+                reply = redis_command(subst["redis_url"], b"DBSIZE").strip().lstrip(b":")
+                result.notes.append(
+                    f"redis held {reply.decode(errors='replace')} keys after the run"
+                )
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited during the run\n{tail(log)}")
+        finally:
+            t0 = time.monotonic()
+            rc = self.procs.stop(proc)
+            stop_s = time.monotonic() - t0
+            if rc not in (0, -signal.SIGTERM):
+                print(f"note: gateway[{name}] exited with status {rc}", file=sys.stderr)
+            if sink:
+                note = self._stop_sink(sink[0], sink[2])
+                if result:
+                    result.notes.append(note)
+        assert result is not None
+        if stop_s > 5:
+            result.notes.append(f"the gateway took {stop_s:.1f}s to stop after SIGTERM")
+        return result
+
+
+def redis_command(url: str, command: bytes) -> bytes:
+    """Send one inline command to the Redis at ``url`` and return the first reply bytes."""
+    port = urlsplit(url).port or 6379
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(command + b"\r\n")
+            return s.recv(64)
+    except OSError:
+        return b""
+
+
+def redis_ping(port: int) -> bool:
+    return redis_command(f"redis://127.0.0.1:{port}", b"PING").startswith(b"+PONG")
+
+
+# ---------------------------------------------------------------- report
+
+
+@dataclass
+class Row:
+    target: str
+    m: Measurement | None = None
+    note: str = ""
+
+    @property
+    def thr(self) -> WrkResult | None:
+        return self.m.thr if self.m else None
+
+    @property
+    def lat(self) -> WrkResult | None:
+        return self.m.lat if self.m else None
+
+
+def fmt(x: float | None, nd: int = 3) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def render(rows: Sequence[Row], connections: int) -> str:
+    direct = next((r for r in rows if r.target == "direct" and r.lat), None)
+    core = next((r for r in rows if r.target == BASELINE and r.thr), None)
+    head = [
+        "target",
+        f"req/s @c{connections}",
+        "p50 @c1 (ms)",
+        "p90 @c1 (ms)",
+        "p99 @c1 (ms)",
+        "added p50 (ms)",
+        f"vs {BASELINE} (%)",
+        f"gw CPU @c{connections} (%)",
+        "gw CPU/req (µs)",
+        "errors",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        if r.thr is None or r.lat is None:
+            cells = [r.target, *["—"] * (len(head) - 2), r.note or "skipped"]
+        else:
+            added = None
+            if direct and direct.lat and r.target != "direct" and r.lat.p50_ms is not None:
+                added = r.lat.p50_ms - (direct.lat.p50_ms or 0.0)
+            rel = None
+            if core and core.thr and r.target != "direct":
+                rel = 100.0 * r.thr.rps / core.thr.rps
+            assert r.m is not None
+            errs = describe_errors(*r.m.all_thr, *r.m.all_lat)
+            cells = [
+                r.target,
+                f"{r.thr.rps:,.0f}",
+                fmt(r.lat.p50_ms),
+                fmt(r.lat.p90_ms),
+                fmt(r.lat.p99_ms),
+                fmt(added),
+                fmt(rel, 1),
+                fmt(r.m.gw_cpu_pct, 0),
+                fmt(r.m.gw_cpu_us, 0),
+                errs,
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def describe_errors(*results: WrkResult) -> str:
+    non2xx = sum(r.non_2xx for r in results)
+    sock: dict[str, int] = {}
+    for r in results:
+        for k, n in r.socket_errors.items():
+            sock[k] = sock.get(k, 0) + n
+    parts = [f"{non2xx} non-2xx"] if non2xx else []
+    parts += [f"{n} {k}" for k, n in sock.items()]
+    return ", ".join(parts) if parts else "0"
+
+
+def ratio_line(rows: Sequence[Row]) -> str:
+    direct = next((r for r in rows if r.target == "direct" and r.thr), None)
+    gws = [r for r in rows if r.target != "direct" and r.thr]
+    gw = next((r for r in gws if r.target == BASELINE), gws[0] if gws else None)
+    if not direct or not direct.thr or not gw or not gw.thr or not gw.thr.rps:
+        return "direct/gateway throughput ratio: n/a"
+    ratio = direct.thr.rps / gw.thr.rps
+    verdict = (
+        "ok (>= 5x): the upstream is not the bottleneck"
+        if ratio >= 5
+        else "below 5x: the upstream/load side may be the bottleneck, gateway figures are a floor"
+    )
+    return f"direct/gateway throughput ratio ({gw.target}): {ratio:.1f}x — {verdict}"
+
+
+def noise_warnings(rows: Sequence[Row], pin: Pinning, connections: int) -> list[str]:
+    """Say when something other than the benchmark competed for the CPUs."""
+    out: list[str] = []
+    cores = [c for c in (pin.gw, pin.load) if c is not None]
+    for r in rows:
+        if r.m is None:
+            continue
+        busy = {c: b for c, b in r.m.idle_busy.items() if (not cores or c in cores) and b > 10}
+        if busy:
+            desc = ", ".join(f"CPU {c} {b:.0f}%" for c, b in sorted(busy.items()))
+            out.append(
+                f"{r.target}: before its run, with the benchmark idle, {desc} busy: another "
+                "process competes for the cores and the figures are noisy (rerun when quiet)"
+            )
+        steal = {c: v for c, v in r.m.run_steal.items() if v > 5}
+        if steal:
+            desc = ", ".join(f"CPU {c} {v:.0f}%" for c, v in sorted(steal.items()))
+            out.append(f"{r.target}: hypervisor steal during the run ({desc})")
+        if r.target != "direct" and r.m.gw_cpu_pct is not None and r.m.gw_cpu_pct < 85:
+            load = r.m.run_busy.get(pin.load, 0.0) if pin.load is not None else 0.0
+            why = (
+                f"the load core was {load:.0f}% busy (wrk, nginx, helpers, and anything else"
+                " running there): the load side is the bottleneck"
+                if load > 95
+                else "it was starved or waited on something other than CPU"
+            )
+            out.append(
+                f"{r.target}: the gateway used only {r.m.gw_cpu_pct:.0f}% of its core at "
+                f"c{connections}; {why}"
+            )
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def tool_version(argv: list[str]) -> str:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except OSError:
+        return "?"
+    out = (res.stdout + res.stderr).strip().splitlines()
+    return out[0] if out else "?"
+
+
+def machine_facts(pin: Pinning, args: argparse.Namespace) -> str:
+    aff = sorted(os.sched_getaffinity(0))
+    wrk_v = tool_version(["wrk", "--version"]).split("Copyright")[0].strip()
+    nginx_v = tool_version([find_tool("nginx") or "nginx", "-v"]).replace("nginx version: ", "")
+    nginx_v = nginx_v.removeprefix("nginx/")
+    return "\n".join(
+        [
+            f"- CPU: {cpu_model()} ({len(aff)} usable CPUs: {aff})",
+            f"- Python: {platform.python_version()} ({sys.executable})",
+            f"- pinning: {pin.describe()}",
+            f"- load: {wrk_v}, -t1, -c{args.connections} for req/s and -c1 --latency for "
+            f"percentiles, {args.duration:g}s each after a {WARMUP_S}s warm-up"
+            + (f", best of {args.repeat} rounds" if args.repeat > 1 else ""),
+            f"- upstream: nginx {nginx_v}, `return 200` + a fixed chat.completion "
+            f"({len(UPSTREAM_BODY)} bytes)",
+        ]
+    )
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Gateway overhead: wrk -> nginx direct vs through the gateway.",
+        epilog="variants: " + ", ".join(VARIANTS),
+    )
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement [10]")
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=list(VARIANTS),
+        metavar="NAME",
+        help=f"gateway variant to measure (repeatable) [{', '.join(DEFAULT_VARIANTS)}]",
+    )
+    p.add_argument("--cores", help="GW_CORE,LOAD_CORE to pin to [the first two usable CPUs]")
+    p.add_argument("--connections", type=int, default=32, help="wrk connections for req/s [32]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of c=32 + c=1 per target; the best is shown, the spread noted [1]",
+    )
+    p.add_argument("--list", action="store_true", help="list the variants and exit")
+    args = p.parse_args(argv)
+    if args.duration < 1:
+        p.error("--duration must be >= 1 (wrk counts whole seconds)")
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    if args.connections < 1:
+        p.error("--connections must be >= 1")
+    return args
+
+
+def _usage_error(msg: str) -> typing.NoReturn:
+    print(f"overhead.py: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def choose_pinning(cores: str | None) -> Pinning:
+    aff = sorted(os.sched_getaffinity(0))
+    if cores:
+        try:
+            gw, load = (int(c) for c in cores.split(","))
+        except ValueError:
+            _usage_error(f"--cores: expected GW_CORE,LOAD_CORE, got {cores!r}")
+        bad = [c for c in (gw, load) if c not in aff]
+        if bad or gw == load:
+            _usage_error(f"--cores: need two different CPUs from {aff}, got {cores!r}")
+    elif len(aff) >= 2:
+        gw, load = aff[0], aff[1]
+    else:
+        print(
+            f"warning: only {len(aff)} CPU available ({aff}); running unpinned, so the gateway "
+            "competes with nginx and wrk for it and the figures understate the gateway",
+            file=sys.stderr,
+        )
+        return Pinning(None, None)
+    if not shutil.which("taskset"):
+        print(
+            "warning: taskset not found (Debian package util-linux); running unpinned",
+            file=sys.stderr,
+        )
+        return Pinning(None, None)
+    return Pinning(gw, load)
+
+
+def find_tool(name: str) -> str | None:
+    """``name`` on PATH, else in the sbin directories (Debian's nginx lives in /usr/sbin)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def check_tools() -> None:
+    missing = []
+    if not shutil.which("wrk"):
+        missing.append("wrk (Debian package: wrk)")
+    if not find_tool("nginx"):
+        missing.append("nginx (Debian package: nginx-light or nginx; it must be on PATH)")
+    if missing:
+        print("overhead.py: missing tools:\n  " + "\n  ".join(missing), file=sys.stderr)
+        raise SystemExit(2)
+
+
+@contextlib.contextmanager
+def tempdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gw-overhead-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        width = max(map(len, VARIANTS))
+        for name, v in VARIANTS.items():
+            extra = f" (wrk/{v.lua})" if v.lua != "chat.lua" else ""
+            print(f"{name:<{width}}  {v.description}{extra}")
+        return 0
+    check_tools()
+    pin = choose_pinning(args.cores)
+    selected = list(dict.fromkeys(args.variant or DEFAULT_VARIANTS))
+    rows: list[Row] = [Row("direct")]
+    failed = False
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # clean up like Ctrl-C does
+        signal.signal(sig, _interrupt)
+    with tempdir() as tmp:
+        bench = Bench(args, pin, tmp)
+        try:
+            bench.start_nginx()
+            print(f"direct: nginx on 127.0.0.1:{bench.nginx_port} ...", file=sys.stderr)
+            rows[0].m = bench.measure(bench.nginx_port, "chat.lua")
+            for name in selected:
+                row = Row(name)
+                rows.append(row)
+                reason = bench.skip_reason(name)
+                if reason:
+                    row.note = "skipped"
+                    print(f"note: skipping variant {name}: {reason}", file=sys.stderr)
+                    continue
+                print(f"{name}: {VARIANTS[name].description} ...", file=sys.stderr)
+                try:
+                    row.m = bench.run_variant(name)
+                except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+                    failed = True
+                    row.note = "failed"
+                    print(f"error: variant {name}: {exc}", file=sys.stderr)
+        except KeyboardInterrupt:
+            print("interrupted; stopping everything", file=sys.stderr)
+            return 130
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            bench.procs.stop_all()
+    print(f"## Gateway overhead ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+    print(machine_facts(pin, args) + "\n")
+    print(render(rows, args.connections) + "\n")
+    print(ratio_line(rows))
+    warnings = noise_warnings(rows, pin, args.connections)
+    for r in rows:
+        if r.m and any(x.errors for x in (*r.m.all_thr, *r.m.all_lat)):
+            failed = True
+            warnings.append(
+                f"{r.target}: errors during the run "
+                f"({describe_errors(*r.m.all_thr, *r.m.all_lat)}); its figures are not comparable"
+            )
+    notes = [f"{r.target}: {n}" for r in rows if r.m for n in r.m.notes]
+    if notes or warnings:
+        print()
+    for n in notes:
+        print(f"note: {n}")
+    for w in warnings:
+        print(f"warning: {w}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
