@@ -116,7 +116,11 @@ class Gateway:
 
     async def startup(self) -> None:
         logging.getLogger("gateway").setLevel(self.config.logging.level.upper())
-        self.tracing = Tracing(self.config.tracing, edge_hop_count=len(self.config.edge.hops))
+        self.tracing = Tracing(
+            self.config.tracing,
+            edge_hop_count=len(self.config.edge.hops),
+            cache_backend=self.config.cache.backend,
+        )
         for cfg in self.config.backends:
             if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
                 log.warning(

@@ -102,6 +102,27 @@ def attr(k: str, v: AttrValue, tag: bytes = b"\x4a") -> bytes:
     return _field(tag, kv(k, v))
 
 
+_FLOAT_PREFIX: dict[str, bytes] = {}
+
+
+def float_attr(k: str, v: float) -> bytes:
+    """A double attribute: its framing is fixed per key, so only the 8 value bytes are new."""
+    prefix = _FLOAT_PREFIX.get(k)
+    if prefix is None:
+        kb = _key(k)
+        # KeyValue = key + (field 2: AnyValue of 9 bytes = tag 0x21 + 8 bytes)
+        prefix = _FLOAT_PREFIX[k] = b"\x4a" + varint(len(kb) + 11) + kb + b"\x12\x09\x21"
+    return prefix + _pack_d(v)
+
+
+def str_attr(k: str, v: str) -> bytes:
+    """A high-cardinality string attribute (ids)."""
+    vb = v.encode("utf-8", "surrogatepass")
+    av = b"\x0a" + varint(len(vb)) + vb
+    body = _key(k) + b"\x12" + varint(len(av)) + av
+    return b"\x4a" + varint(len(body)) + body
+
+
 def stable_attr(k: str, v: str | int | bool) -> bytes:
     """Like :func:`attr`, memoised: for low-cardinality values (method, route, status, …)."""
     key = (k, v)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
@@ -86,7 +87,12 @@ class Tracing:
     """Per-app tracing state: sampler bound, encoder, export queue. No per-request state."""
 
     def __init__(
-        self, cfg: TracingConfig, *, edge_hop_count: int = 0, exporter: BatchExporter | None = None
+        self,
+        cfg: TracingConfig,
+        *,
+        edge_hop_count: int = 0,
+        cache_backend: str = "memory",
+        exporter: BatchExporter | None = None,
     ) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
@@ -94,6 +100,7 @@ class Tracing:
         self.cfg = cfg
         #: hop.index of auth is edge_hop_count + 1, of router + 2 (SPEC §7)
         self.edge_hop_count = edge_hop_count
+        self.cache_backend = cache_backend
         self.enabled = cfg.exporter != "none"
         self.capture_content = cfg.capture_content
         self._bound = TraceIdRatioBased.get_bound_for_rate(cfg.sample_ratio)
@@ -161,7 +168,7 @@ class Tracing:
         trace: TraceContext | None = ctx.trace
         if trace is None or not trace.sampled or self.queue is None:
             return
-        self.queue.put(build_spans(ctx, trace, edge_hops, self.edge_hop_count))
+        self.queue.put(build_spans(ctx, trace, edge_hops, self.edge_hop_count, self.cache_backend))
 
     def state(self) -> dict[str, Any]:
         if self.queue is None:
@@ -194,6 +201,8 @@ def make_exporter(cfg: TracingConfig) -> BatchExporter:
 
 _a = otlp.attr
 _s = otlp.stable_attr
+_f = otlp.float_attr
+_str = otlp.str_attr
 #: sampled (W3C flag 01) + "parent is local" for every span but the root
 _FLAGS = otlp.FLAG_HAS_IS_REMOTE | 0x01
 
@@ -202,11 +211,54 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
+def _group(key: tuple[Any, ...], names: tuple[str, ...]) -> bytes:
+    """Stable attributes as one memoised block (one dict lookup for the whole group)."""
+    got = _GROUPS.get(key)
+    if got is None:
+        got = b"".join(_s(n, v) for n, v in zip(names, key, strict=True) if v is not None)
+        if len(_GROUPS) >= 4096:
+            _GROUPS.clear()
+        _GROUPS[key] = got
+    return got
+
+
+_GROUPS: dict[tuple[Any, ...], bytes] = {}
+_ROOT_NAMES = (
+    "http.request.method",
+    "url.path",
+    "http.route",
+    "http.response.status_code",
+    "client.address",
+    "gateway.cache",
+    "gateway.route",
+    "gen_ai.request.model",
+    "gateway.tenant",
+    "gateway.attempts",
+)
+_CLIENT_NAMES = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "gen_ai.request.stream",
+    "server.address",
+    "server.port",
+    "gateway.backend",
+    "gateway.attempt",
+    "http.response.status_code",
+)
+_HOP_NAMES = ("hop.name", "hop.index", "hop.source")
+
+
+def _sid() -> bytes:
+    return _span_id().to_bytes(8, "big")
+
+
 def build_spans(
     ctx: RequestContext,
     trace: TraceContext,
     edge_hops: list[tuple[str, int, float, float]],
     hop_base: int,
+    cache_backend: str = "memory",
 ) -> list[bytes]:
     """The encoded span tree of one finished request (SPEC §7)."""
     t = ctx.timeline
@@ -214,9 +266,9 @@ def build_spans(
     tid = trace.trace_id.to_bytes(16, "big")
     root_id = trace.root_span_id.to_bytes(8, "big")
     epoch = t.epoch_ns
-    received_epoch_s = t.wall_ns / 1e9
     spans: list[bytes] = []
     route = _route_template(ctx.path)
+    span = otlp.span
 
     # edge hops, reconstructed from their headers (start/end are epoch seconds)
     root_start_ns = t.wall_ns
@@ -224,28 +276,23 @@ def build_spans(
         start_ns = int(start_s * 1e9)
         root_start_ns = min(root_start_ns, start_ns)
         spans.append(
-            otlp.span(
+            span(
                 trace_id=tid,
-                span_id=_span_id().to_bytes(8, "big"),
+                span_id=_sid(),
                 parent_span_id=root_id,
                 name=f"hop {name}",
                 kind=otlp.KIND_INTERNAL,
                 start_ns=start_ns,
                 end_ns=int(end_s * 1e9),
                 flags=_FLAGS,
-                attributes=(
-                    _s("hop.name", name),
-                    _s("hop.index", index),
-                    _s("hop.source", "header"),
-                ),
+                attributes=(_group((name, index, "header"), _HOP_NAMES),),
             )
         )
-    base = hop_base
     auth_end = t.auth_done if t.auth_done is not None else done
     spans.append(
-        otlp.span(
+        span(
             trace_id=tid,
-            span_id=_span_id().to_bytes(8, "big"),
+            span_id=_sid(),
             parent_span_id=root_id,
             name="hop auth",
             kind=otlp.KIND_INTERNAL,
@@ -253,34 +300,31 @@ def build_spans(
             end_ns=epoch(auth_end),
             flags=_FLAGS,
             attributes=(
-                _s("hop.name", "auth"),
-                _s("hop.index", base + 1),
-                _s("hop.source", "gateway"),
+                _group(("auth", hop_base + 1, "gateway"), _HOP_NAMES),
                 _s("gateway.auth.mode", "off"),
             ),
         )
     )
     if t.auth_done is not None:
+        router_id = _sid()
         router_end = t.routed
         if router_end is None:
             router_end = ctx.attempts[0].start if ctx.attempts else done
         router_attrs = [
-            _s("hop.name", "router"),
-            _s("hop.index", base + 2),
-            _s("hop.source", "gateway"),
+            _group(("router", hop_base + 2, "gateway"), _HOP_NAMES),
+            _s("gateway.cache", ctx.cache),
         ]
         if t.body_received is not None:
-            router_attrs.append(_a("gateway.body_read_ms", _ms(t.body_received - t.auth_done)))
-            router_attrs.append(_a("gateway.request.body_bytes", len(ctx.body)))
+            router_attrs.append(_f("gateway.body_read_ms", _ms(t.body_received - t.auth_done)))
+            router_attrs.append(_s("gateway.request.body_bytes", len(ctx.body)))
         if ctx.route is not None:
             router_attrs.append(_s("gateway.route", ctx.route.name))
-        router_attrs.append(_s("gateway.cache", ctx.cache))
         for key, value in ctx.policies.items():
             router_attrs.append(_a(f"gateway.{key}", value))
         spans.append(
-            otlp.span(
+            span(
                 trace_id=tid,
-                span_id=_span_id().to_bytes(8, "big"),
+                span_id=router_id,
                 parent_span_id=root_id,
                 name="hop router",
                 kind=otlp.KIND_INTERNAL,
@@ -288,6 +332,32 @@ def build_spans(
                 end_ns=epoch(router_end),
                 flags=_FLAGS,
                 attributes=router_attrs,
+            )
+        )
+        if ctx.cache_lookup_start is not None:
+            spans.append(
+                _cache_span(
+                    ctx,
+                    tid,
+                    router_id,
+                    "cache lookup",
+                    epoch,
+                    ctx.cache_lookup_start,
+                    ctx.cache_lookup_end or done,
+                    cache_backend,
+                )
+            )
+    if ctx.cache_store_start is not None:
+        spans.append(
+            _cache_span(
+                ctx,
+                tid,
+                root_id,
+                "cache store",
+                epoch,
+                ctx.cache_store_start,
+                ctx.cache_store_end or done,
+                cache_backend,
             )
         )
 
@@ -299,30 +369,33 @@ def build_spans(
         b = attempt.backend
         end = attempt.end if attempt.end is not None else done
         attrs = [
-            _s("gen_ai.operation.name", ctx.operation or "http"),
-            _s("gen_ai.provider.name", b.provider),
-            _s("gen_ai.request.model", model),
-            _s("gen_ai.request.stream", ctx.stream),
-            _s("server.address", b.host),
-            _s("server.port", b.port),
-            _s("gateway.backend", b.name),
-            _s("gateway.attempt", attempt.number),
+            _group(
+                (
+                    ctx.operation or "http",
+                    b.provider,
+                    model,
+                    ctx.stream,
+                    b.host,
+                    b.port,
+                    b.name,
+                    attempt.number,
+                    attempt.status,
+                ),
+                _CLIENT_NAMES,
+            )
         ]
-        for key, field in (
-            ("gen_ai.request.max_tokens", "max_tokens"),
-            ("gen_ai.request.temperature", "temperature"),
-        ):
-            v = payload.get(field)
-            if field == "max_tokens" and v is None:
-                v = payload.get("max_completion_tokens")
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                attrs.append(_a(key, float(v) if field == "temperature" else v))
+        v = payload.get("max_tokens")
+        if v is None:
+            v = payload.get("max_completion_tokens")
+        if type(v) is int:
+            attrs.append(_s("gen_ai.request.max_tokens", v))
+        v = payload.get("temperature")
+        if type(v) is int or type(v) is float:
+            attrs.append(_f("gen_ai.request.temperature", float(v)))
         status = otlp.STATUS_UNSET
         message = ""
-        if attempt.status is not None:
-            attrs.append(_s("http.response.status_code", attempt.status))
-            if attempt.status >= 500:
-                status = otlp.STATUS_ERROR
+        if attempt.status is not None and attempt.status >= 500:
+            status = otlp.STATUS_ERROR
         if attempt.error is not None:
             status = otlp.STATUS_ERROR
             message = attempt.error.message
@@ -331,20 +404,20 @@ def build_spans(
             if ctx.response_model:
                 attrs.append(_s("gen_ai.response.model", ctx.response_model))
             if ctx.response_id:
-                attrs.append(_a("gen_ai.response.id", ctx.response_id))
+                attrs.append(_str("gen_ai.response.id", ctx.response_id))
             if ctx.finish_reasons:
                 attrs.append(_a("gen_ai.response.finish_reasons", list(ctx.finish_reasons)))
             if t.first_content is not None:
                 attrs.append(
-                    _a(
+                    _f(
                         "gen_ai.response.time_to_first_chunk",
                         round(t.first_content - attempt.start, 6),
                     )
                 )
             if ctx.input_tokens is not None:
-                attrs.append(_a("gen_ai.usage.input_tokens", ctx.input_tokens))
+                attrs.append(_s("gen_ai.usage.input_tokens", ctx.input_tokens))
             if ctx.output_tokens is not None:
-                attrs.append(_a("gen_ai.usage.output_tokens", ctx.output_tokens))
+                attrs.append(_s("gen_ai.usage.output_tokens", ctx.output_tokens))
             if ctx.error is not None and ctx.response_started:
                 status = otlp.STATUS_ERROR
                 message = ctx.error.message
@@ -352,7 +425,7 @@ def build_spans(
             if ctx.captured is not None:
                 attrs.extend(_content_attrs(ctx))
         spans.append(
-            otlp.span(
+            span(
                 trace_id=tid,
                 span_id=attempt.span_id.to_bytes(8, "big"),
                 parent_span_id=root_id,
@@ -371,37 +444,39 @@ def build_spans(
     upstream_s = ctx.upstream_time(done)
     request_s = done - t.received
     root_attrs = [
-        _s("http.request.method", ctx.method),
-        _s("url.path", ctx.path),
-        _s("http.route", route),
-        _s("http.response.status_code", ctx.status),
-        _s("client.address", ctx.client_address),
-        _a("gateway.request_time_ms", _ms(request_s)),
-        _a("gateway.upstream_time_ms", _ms(upstream_s)),
-        _a("gateway.overhead_ms", _ms(max(0.0, request_s - upstream_s))),
-        _s("gateway.cache", ctx.cache),
-        _a("gateway.request_id", ctx.request_id),
-        _s("gateway.attempts", len(ctx.attempts)),
+        _group(
+            (
+                ctx.method,
+                ctx.path,
+                route,
+                ctx.status,
+                ctx.client_address,
+                ctx.cache,
+                ctx.route.name if ctx.route is not None else None,
+                ctx.model,
+                ctx.tenant,
+                len(ctx.attempts),
+            ),
+            _ROOT_NAMES,
+        ),
+        _f("gateway.request_time_ms", _ms(request_s)),
+        _f("gateway.upstream_time_ms", _ms(upstream_s)),
+        _f("gateway.overhead_ms", _ms(max(0.0, request_s - upstream_s))),
+        _str("gateway.request_id", ctx.request_id),
     ]
     ttft = ctx.ttft()
     if ttft is not None:
-        root_attrs.append(_a("gateway.ttft_ms", _ms(ttft)))
-    if ctx.route is not None:
-        root_attrs.append(_s("gateway.route", ctx.route.name))
-    if ctx.tenant is not None:
-        root_attrs.append(_s("gateway.tenant", ctx.tenant))
-    if ctx.model is not None:
-        root_attrs.append(_s("gen_ai.request.model", ctx.model))
+        root_attrs.append(_f("gateway.ttft_ms", _ms(ttft)))
     if ctx.input_tokens is not None:
-        root_attrs.append(_a("gen_ai.usage.input_tokens", ctx.input_tokens))
+        root_attrs.append(_s("gen_ai.usage.input_tokens", ctx.input_tokens))
     if ctx.output_tokens is not None:
-        root_attrs.append(_a("gen_ai.usage.output_tokens", ctx.output_tokens))
+        root_attrs.append(_s("gen_ai.usage.output_tokens", ctx.output_tokens))
     if ctx.edge_marks:
         root_attrs.append(
             _a("gateway.edge.discarded", [f"{k}:{v}" for k, v in ctx.edge_marks.items()])
         )
     if edge_hops:
-        root_attrs.append(_a("gateway.edge_time_ms", _ms(received_epoch_s - edge_hops[0][2])))
+        root_attrs.append(_f("gateway.edge_time_ms", _ms(t.wall_ns / 1e9 - edge_hops[0][2])))
     status = otlp.STATUS_UNSET
     message = ""
     if ctx.status >= 500:
@@ -415,7 +490,7 @@ def build_spans(
         root_attrs.append(_s("gateway.client_disconnected", True))
     root_flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
     spans.append(
-        otlp.span(
+        span(
             trace_id=tid,
             span_id=root_id,
             parent_span_id=trace.parent_span_id.to_bytes(8, "big")
@@ -433,6 +508,37 @@ def build_spans(
         )
     )
     return spans
+
+
+def _cache_span(
+    ctx: RequestContext,
+    tid: bytes,
+    parent: bytes,
+    name: str,
+    epoch: Callable[[float], int],
+    start: float,
+    end: float,
+    backend: str,
+) -> bytes:
+    attrs = [_s("gateway.cache", ctx.cache), _s("gateway.cache.backend", backend)]
+    if backend == "redis":
+        attrs.append(_s("db.system.name", "redis"))
+    if ctx.cache_error:
+        attrs.append(_s("error.type", "cache_unavailable"))
+    if ctx.cache_stored is not None and name == "cache store":
+        attrs.append(_s("gateway.cache.entry_bytes", ctx.cache_stored))
+    return otlp.span(
+        trace_id=tid,
+        span_id=_sid(),
+        parent_span_id=parent,
+        name=name,
+        kind=otlp.KIND_INTERNAL,
+        start_ns=epoch(start),
+        end_ns=epoch(end),
+        flags=_FLAGS,
+        attributes=attrs,
+        status=otlp.STATUS_ERROR if ctx.cache_error else otlp.STATUS_UNSET,
+    )
 
 
 def _route_template(path: str) -> str:

@@ -538,3 +538,49 @@ def test_sampling_matches_the_sdks_parent_based_ratio_sampler(trace_id, ratio):
 )
 def test_traceparent_parsing(value, ok):
     assert (parse_traceparent(value) is not None) is ok
+
+
+def test_cache_lookup_and_store_spans(gateway, mock_upstream, receiver):
+    from tests.redis_support import RedisServer
+
+    with RedisServer() as redis:
+        cache = f'[cache]\nbackend = "redis"\nurl = "{redis.url}"\ntimeout_ms = 300\n'
+        cfg = traced(mock_upstream.url + "/v1", receiver, edge="[edge]\n" + cache)
+        gw = gateway(cfg)
+        body = {"model": "mock-gpt-4o", "messages": MSG, "temperature": 0}
+        first = httpx2.post(gw.base_url + "/chat/completions", json=body)
+        second = httpx2.post(gw.base_url + "/chat/completions", json=body)
+        assert first.headers["x-gateway-cache"] == "MISS"
+        assert second.headers["x-gateway-cache"] == "HIT"
+        miss = one_trace(receiver, "POST /v1/chat/completions", 6)
+        names = by_name(miss)
+        assert names["POST /v1/chat/completions"].attributes["gateway.cache"] == "miss"
+        lookup, store = names["cache lookup"], names["cache store"]
+        assert lookup.parent_span_id == names["hop router"].span_id
+        assert lookup.attributes["db.system.name"] == "redis"
+        assert lookup.attributes["gateway.cache"] == "miss"
+        assert store.parent_span_id == names["POST /v1/chat/completions"].span_id
+        assert store.attributes["gateway.cache.entry_bytes"] > 0
+        # the store happens after the answer went out
+        assert store.start_ns >= names["chat mock-gpt-4o"].end_ns
+        hit_root = receiver.wait_for(
+            lambda ss: any(
+                s.name == "POST /v1/chat/completions" and s.attributes["gateway.cache"] == "hit"
+                for s in ss
+            )
+        )
+        root = next(
+            s for s in hit_root if s.kind == "SERVER" and s.attributes.get("gateway.cache") == "hit"
+        )
+        hit = by_name(receiver.trace(root.trace_id))
+        assert "chat mock-gpt-4o" not in hit  # no upstream call on a hit
+        assert hit["cache lookup"].attributes["gateway.cache"] == "hit"
+        assert root.attributes["gateway.upstream_time_ms"] == 0
+        redis.kill()
+        receiver.clear()
+        third = httpx2.post(gw.base_url + "/chat/completions", json=body)
+        assert third.status_code == 200 and third.headers["x-gateway-cache"] == "BYPASS"
+        spans = one_trace(receiver, "POST /v1/chat/completions", 5)
+        names = by_name(spans)
+        assert names["POST /v1/chat/completions"].attributes["gateway.cache"] == "bypass"
+        assert names["cache lookup"].status_code == "ERROR"
