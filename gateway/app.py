@@ -336,7 +336,7 @@ class Gateway:
         if scope["method"] != "GET":
             await self.passthrough(scope, receive, send)
             return
-        ctx = self.begin(scope)
+        ctx = self.begin(scope, vary=True)
         assert self.router is not None
         owners: dict[str, str] = {}
         globbed: dict[str, list[str]] = {}
@@ -401,7 +401,7 @@ class Gateway:
         await _plain_json(send, 200 if self.ready else 503, body)
 
     async def not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = self.begin(scope)
+        ctx = self.begin(scope, vary=True)
         await self.relay.error(
             ctx, NotFound(f"no such endpoint: {scope['path']}", code="unknown_path"), send
         )

@@ -123,9 +123,10 @@ class TracingConfig:
     trust_incoming: bool = True
     #: put prompts and completions on spans (off: they never leave the process)
     capture_content: bool = False
-    #: BatchSpanProcessor bounds: a dead collector costs dropped spans, never request time
-    max_queue_size: int = 2048
-    max_export_batch_size: int = 512
+    #: export queue bounds: a dead collector costs dropped spans, never request time. Bigger
+    #: batches than the SDK's 512: each export call costs ~0.7 ms of CPU however small it is
+    max_queue_size: int = 8192
+    max_export_batch_size: int = 2048
     schedule_delay_ms: float = 1000.0
     export_timeout_s: float = 5.0
     #: on shutdown, wait at most this long for the exporter to flush

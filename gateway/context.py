@@ -21,6 +21,8 @@ Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` un
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,37 +33,23 @@ if TYPE_CHECKING:
 
 
 class Timeline:
-    __slots__ = (
-        "auth_done",
-        "body_received",
-        "client_first_byte",
-        "done",
-        "event_gaps",
-        "first_content",
-        "last_event",
-        "received",
-        "routed",
-        "upstream_done",
-        "upstream_first_byte",
-        "upstream_sent",
-        "wall_ns",
-    )
+    # unreached points are None (class defaults: a Timeline is made per request)
+    body_received: float | None = None
+    auth_done: float | None = None
+    routed: float | None = None
+    upstream_sent: float | None = None
+    upstream_first_byte: float | None = None
+    upstream_done: float | None = None
+    client_first_byte: float | None = None
+    first_content: float | None = None
+    last_event: float | None = None
+    done: float | None = None
+    #: seconds between consecutive SSE events relayed to the client (streams only)
+    event_gaps: list[float] | None = None
 
     def __init__(self) -> None:
         self.wall_ns = time.time_ns()
         self.received = time.perf_counter()
-        self.body_received: float | None = None
-        self.auth_done: float | None = None
-        self.routed: float | None = None
-        self.upstream_sent: float | None = None
-        self.upstream_first_byte: float | None = None
-        self.upstream_done: float | None = None
-        self.client_first_byte: float | None = None
-        self.first_content: float | None = None
-        self.last_event: float | None = None
-        self.done: float | None = None
-        #: seconds between consecutive SSE events relayed to the client
-        self.event_gaps: list[float] = []
 
     def epoch_ns(self, t: float) -> int:
         """A perf_counter point as Unix epoch nanoseconds (for span timestamps)."""
@@ -91,59 +79,63 @@ class Attempt:
 
 
 class RequestContext:
-    """What the hops establish about one request; data moves forward only."""
+    """What the hops establish about one request; data moves forward only.
 
-    __slots__ = (
-        "accept_encoding",
-        "attempts",
-        "body",
-        "cache",
-        "cache_control",
-        "cache_error",
-        "cache_key",
-        "cache_lookup_end",
-        "cache_lookup_start",
-        "cache_store_end",
-        "cache_store_start",
-        "cache_stored",
-        "captured",
-        "client_address",
-        "coding",
-        "content_encoding",
-        "content_length",
-        "credential",
-        "disconnected",
-        "edge_marks",
-        "edge_times",
-        "error",
-        "finish_reasons",
-        "forwarded_org",
-        "incoming_trace",
-        "input_tokens",
-        "method",
-        "model",
-        "operation",
-        "output_tokens",
-        "path",
-        "payload",
-        "peer",
-        "peer_trusted",
-        "policies",
-        "query",
-        "request_id",
-        "response_headers",
-        "response_id",
-        "response_model",
-        "response_started",
-        "route",
-        "scope",
-        "status",
-        "stream",
-        "tenant",
-        "timeline",
-        "trace",
-        "upstream_headers",
-    )
+    Defaults live on the class (all immutable) and ``__init__`` sets only what every request
+    has: a request creates one of these, so its construction is on the hot path.
+    """
+
+    # -- from the edge
+    request_id = ""
+    peer_trusted = False
+    #: the client's API key (Authorization bearer or api-key); never forwarded, never logged
+    credential: bytes | None = None
+    accept_encoding: bytes | None = None
+    content_encoding: bytes | None = None
+    content_length: bytes | None = None
+    cache_control: bytes | None = None
+    #: OpenAI-Organization / OpenAI-Project as sent (part of the cache key, SPEC §10)
+    forwarded_org: dict[str, str] | None = None
+    #: accepted edge hop times: (name, hop.index, epoch seconds it received the request)
+    edge_times: Sequence[tuple[str, int, float]] = ()
+    #: edge hop name -> why its header was discarded ("future", "stale", "invalid", ...)
+    edge_marks: Mapping[str, str] = MappingProxyType({})
+    #: the raw (traceparent, tracestate) the client sent, and the trace ids chosen for us
+    incoming_trace: tuple[bytes, bytes | None] | None = None
+    trace: Any = None
+    #: completion text pieces, collected only with tracing.capture_content = true
+    captured: list[str] | None = None
+    # -- from auth and the router
+    tenant: str | None = None
+    #: the response coding negotiated from Accept-Encoding (SPEC §9)
+    coding = "identity"
+    body = b""
+    payload: dict[str, Any] | None = None
+    model: str | None = None
+    stream = False
+    operation: str | None = None
+    route: Route | None = None
+    #: what the route's policies changed (max_tokens cap, history window), for the router span
+    policies: Mapping[str, Any] = MappingProxyType({})
+    # -- cache (SPEC §10): hit | miss | bypass | off
+    cache = "off"
+    cache_key: str | None = None
+    cache_lookup_start: float | None = None
+    cache_lookup_end: float | None = None
+    cache_store_start: float | None = None
+    cache_store_end: float | None = None
+    cache_stored: int | None = None
+    cache_error = False
+    # -- the answer
+    status = 0
+    response_started = False
+    disconnected = False
+    error: GatewayError | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: list[str] | None = None
 
     def __init__(self, scope: Scope, timeline: Timeline) -> None:
         self.scope = scope
@@ -151,62 +143,14 @@ class RequestContext:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.query: bytes = scope.get("query_string", b"")
-        self.request_id = ""
         client = scope.get("client")
         self.peer: str = client[0] if client else ""
         self.client_address: str = self.peer
-        self.peer_trusted = False
         #: headers to send upstream (hygiene applied), as str pairs for the client libraries
         self.upstream_headers: list[tuple[str, str]] = []
-        #: the client's API key (Authorization bearer or api-key); never forwarded, never logged
-        self.credential: bytes | None = None
-        self.accept_encoding: bytes | None = None
-        self.content_encoding: bytes | None = None
-        self.content_length: bytes | None = None
-        #: the response coding negotiated from Accept-Encoding (SPEC §9)
-        self.coding = "identity"
-        #: accepted edge hop times: (name, hop.index, epoch seconds it received the request)
-        self.edge_times: list[tuple[str, int, float]] = []
-        #: edge hop name -> why its header was discarded ("future", "stale", "invalid")
-        self.edge_marks: dict[str, str] = {}
-        #: the raw (traceparent, tracestate) the client sent, and the trace ids chosen for us
-        self.incoming_trace: tuple[bytes, bytes | None] | None = None
-        self.trace: Any = None
-        #: completion text pieces, collected only with tracing.capture_content = true
-        self.captured: list[str] | None = None
-        self.body = b""
-        self.payload: dict[str, Any] | None = None
-        self.model: str | None = None
-        self.stream = False
-        self.operation: str | None = None
-        self.route: Route | None = None
-        #: what the route's policies changed (max_tokens cap, history window), for the router span
-        self.policies: dict[str, Any] = {}
-        self.tenant: str | None = None
-        #: hit | miss | bypass | off (SPEC §7 gateway.cache)
-        self.cache = "off"
-        self.cache_control: bytes | None = None
-        #: OpenAI-Organization / OpenAI-Project as sent (part of the cache key, SPEC §10)
-        self.forwarded_org: dict[str, str] | None = None
-        self.cache_lookup_start: float | None = None
-        self.cache_lookup_end: float | None = None
-        self.cache_store_start: float | None = None
-        self.cache_store_end: float | None = None
-        self.cache_stored: int | None = None
-        self.cache_error = False
-        self.cache_key: str | None = None
         self.attempts: list[Attempt] = []
-        self.status = 0
-        self.response_started = False
-        self.disconnected = False
-        self.error: GatewayError | None = None
         #: extra headers for the client response (x-request-id, Server-Timing, ...)
         self.response_headers: list[tuple[bytes, bytes]] = []
-        self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.response_model: str | None = None
-        self.response_id: str | None = None
-        self.finish_reasons: list[str] = []
 
     # -- derived timings (ms), SPEC §6
 

@@ -181,6 +181,8 @@ def note_answer(ctx: RequestContext, obj: Any) -> bool:
                 continue
             fr = choice.get("finish_reason")
             if isinstance(fr, str):
+                if ctx.finish_reasons is None:
+                    ctx.finish_reasons = []
                 ctx.finish_reasons.append(fr)
             delta = choice.get("delta")
             if isinstance(delta, dict):
@@ -456,6 +458,8 @@ class Relay:
                             tee(raw, data, obj)
                     if out:
                         if timeline.last_event is not None:
+                            if timeline.event_gaps is None:
+                                timeline.event_gaps = []
                             timeline.event_gaps.append(now - timeline.last_event)
                         timeline.last_event = now
                         if not ctx.response_started:

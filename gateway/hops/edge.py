@@ -179,19 +179,24 @@ class Edge:
     def _edge_times(self, ctx: RequestContext, values: dict[str, bytes]) -> None:
         """Accept each edge hop's time unless unparseable, in the future (> 1 s) or stale."""
         now = ctx.timeline.wall_ns / 1e9
+        times: list[tuple[str, int, float]] = []
+        marks: dict[str, str] = {}
         for index, name in enumerate(self.hop_names, start=1):
             raw = values.get(name)
             if raw is None:
                 continue  # not behind that hop this time: nothing to mark
             at = _raw_time(raw)
             if at is None:
-                ctx.edge_marks[name] = "invalid"
+                marks[name] = "invalid"
             elif at > now + MAX_FUTURE_S:
-                ctx.edge_marks[name] = "future"
+                marks[name] = "future"
             elif at < now - MAX_AGE_S:
-                ctx.edge_marks[name] = "stale"
+                marks[name] = "stale"
             else:
-                ctx.edge_times.append((name, index, at))
+                times.append((name, index, at))
+        ctx.edge_times = times
+        if marks:
+            ctx.edge_marks = marks
 
     def _client_from_chain(self, chain: str) -> str | None:
         # Walk right to left past our own trusted proxies; the first other address is the client.

@@ -135,6 +135,79 @@ def stable_attr(k: str, v: str | int | bool) -> bytes:
     return got
 
 
+_pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), fixed64 each
+_NAME_KIND: dict[tuple[str, int], bytes] = {}
+_TAILS: dict[tuple[int, int], bytes] = {}
+
+
+def name_kind(name: str, kind: int) -> bytes:
+    """Span.name + Span.kind, memoised (span names repeat: ``hop auth``, ``chat gpt-4o``)."""
+    key = (name, kind)
+    got = _NAME_KIND.get(key)
+    if got is None:
+        got = _field(b"\x2a", name.encode("utf-8", "surrogatepass")) + b"\x30" + varint(kind)
+        if len(_NAME_KIND) >= _STABLE_MAX:
+            _NAME_KIND.clear()
+        _NAME_KIND[key] = got
+    return got
+
+
+def tail(status: int = STATUS_UNSET, flags: int = 0, status_message: str = "") -> bytes:
+    """Span.status and Span.flags (memoised when there is no message)."""
+    if not status_message:
+        got = _TAILS.get((status, flags))
+        if got is not None:
+            return got
+    st = b""
+    if status_message:
+        st += _field(b"\x12", status_message.encode("utf-8", "replace"))
+    if status:
+        st += b"\x18" + varint(status)
+    out = _field(b"\x7a", st) if st else b""
+    if flags:
+        out += b"\x85\x01" + _pack_i(flags)
+    if not status_message:
+        _TAILS[(status, flags)] = out
+    return out
+
+
+def span_fast(
+    head: bytes,
+    span_id: bytes,
+    parent: bytes,
+    name_and_kind: bytes,
+    start_ns: int,
+    end_ns: int,
+    attributes: Iterable[bytes],
+    span_tail: bytes,
+) -> bytes:
+    """The hot path of :func:`span`: ``head`` is ``trace_id`` framed (:func:`span_head`),
+    ``parent`` the framed parent id (:func:`parent_field`) or b"", the rest memoised parts."""
+    return b"".join(
+        (
+            head,
+            span_id,
+            parent,
+            name_and_kind,
+            _pack_times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
+            b"".join(attributes),
+            span_tail,
+        )
+    )
+
+
+def span_head(trace_id: bytes, trace_state: str = "") -> bytes:
+    """trace_id (field 1) [+ trace_state (field 3)] + the span_id tag (field 2, 8 bytes)."""
+    head = b"\x0a\x10" + trace_id
+    if trace_state:  # field 3 sorts after field 2: encoders may emit fields in any order
+        head += _field(b"\x1a", trace_state.encode())
+    return head + b"\x12\x08"
+
+
+def parent_field(parent_span_id: bytes | None) -> bytes:
+    return b"" if parent_span_id is None else b"\x22\x08" + parent_span_id
+
+
 def span(
     *,
     trace_id: bytes,
@@ -156,35 +229,21 @@ def span(
     ``attributes`` are entries made by :func:`attr` / :func:`stable_attr`; ``events`` are
     ``(time_ns, name, [kv(...) bytes])``.
     """
-    parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id]
-    if trace_state:
-        parts.append(_field(b"\x1a", trace_state.encode()))
-    if parent_span_id is not None:
-        parts += (b"\x22\x08", parent_span_id)
-    parts += (
-        _field(b"\x2a", name.encode("utf-8", "surrogatepass")),
-        b"\x30",
-        varint(kind),
-        b"\x39",
-        _pack_q(start_ns),
-        b"\x41",
-        _pack_q(max(start_ns, end_ns)),
-    )
-    parts.extend(attributes)
+    ev = b""
     for time_ns, ev_name, ev_attrs in events:
         body = b"\x09" + _pack_q(time_ns) + _field(b"\x12", ev_name.encode())
         body += b"".join(_field(b"\x1a", a) for a in ev_attrs)
-        parts.append(_field(b"\x5a", body))
-    if status or status_message:
-        st = b""
-        if status_message:
-            st += _field(b"\x12", status_message.encode("utf-8", "replace"))
-        if status:
-            st += b"\x18" + varint(status)
-        parts.append(_field(b"\x7a", st))
-    if flags:
-        parts += (b"\x85\x01", _pack_i(flags))
-    return b"".join(parts)
+        ev += _field(b"\x5a", body)
+    return span_fast(
+        span_head(trace_id, trace_state),
+        span_id,
+        parent_field(parent_span_id),
+        name_kind(name, kind),
+        start_ns,
+        end_ns,
+        attributes,
+        ev + tail(status, flags, status_message),
+    )
 
 
 class RequestEncoder:

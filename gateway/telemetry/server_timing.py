@@ -40,14 +40,20 @@ def server_timing(ctx: RequestContext, edges: list[EdgeInterval]) -> bytes:
     gateway;dur=…`` with the values known now (the headers are going out)."""
     t = ctx.timeline
     now = time.perf_counter()
-    parts = [format_metric(name, end - start) for name, _, start, end in edges]
-    if t.auth_done is not None:
-        parts.append(format_metric("auth", t.auth_done - t.received))
-        if t.routed is not None:
-            parts.append(format_metric("router", t.routed - t.auth_done))
-    parts.append(f"cache;desc={ctx.cache}")
-    upstream = ctx.upstream_time(now)
+    parts = [format_metric(name, end - start) for name, _, start, end in edges] if edges else []
+    auth = t.auth_done
+    if auth is not None:
+        routed = t.routed
+        if routed is not None:
+            a_ms, r_ms = (auth - t.received) * 1000, (routed - auth) * 1000
+            parts.append(f"auth;dur={a_ms:.3f}, router;dur={r_ms:.3f}")
+        else:
+            parts.append(f"auth;dur={(auth - t.received) * 1000:.3f}")
+    parts.append("cache;desc=" + ctx.cache)
     if ctx.attempts:
-        parts.append(format_metric("upstream", upstream))
-    parts.append(format_metric("gateway", max(0.0, (now - t.received) - upstream)))
+        upstream = ctx.upstream_time(now)
+        gateway = max(0.0, (now - t.received) - upstream)
+        parts.append(f"upstream;dur={upstream * 1000:.3f}, gateway;dur={gateway * 1000:.3f}")
+    else:
+        parts.append(f"gateway;dur={(now - t.received) * 1000:.3f}")
     return ", ".join(parts).encode()

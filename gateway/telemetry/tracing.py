@@ -247,10 +247,22 @@ _CLIENT_NAMES = (
     "http.response.status_code",
 )
 _HOP_NAMES = ("hop.name", "hop.index", "hop.source")
+_AUTH_NAMES = (*_HOP_NAMES, "gateway.auth.mode")
+_ROUTER_NAMES = (*_HOP_NAMES, "gateway.cache", "gateway.route")
+
+
+_ZERO_ID = bytes(8)
 
 
 def _sid() -> bytes:
-    return _span_id().to_bytes(8, "big")
+    sid = random.randbytes(8)
+    while sid == _ZERO_ID:  # an all-zero span id is invalid (W3C Trace Context)
+        sid = random.randbytes(8)
+    return sid
+
+
+_AUTH = otlp.name_kind("hop auth", otlp.KIND_INTERNAL)
+_ROUTER = otlp.name_kind("hop router", otlp.KIND_INTERNAL)
 
 
 def build_spans(
@@ -260,49 +272,50 @@ def build_spans(
     hop_base: int,
     cache_backend: str = "memory",
 ) -> list[bytes]:
-    """The encoded span tree of one finished request (SPEC §7)."""
+    """The encoded span tree of one finished request (SPEC §7).
+
+    Runs once per sampled request on the event loop, after the response went out: it uses the
+    memoised pieces of :mod:`gateway.telemetry.otlp` so only times, ids and numbers are encoded.
+    """
     t = ctx.timeline
-    done = t.done if t.done is not None else t.received
-    tid = trace.trace_id.to_bytes(16, "big")
+    received = t.received
+    wall = t.wall_ns
+    done = t.done if t.done is not None else received
+    head = otlp.span_head(trace.trace_id.to_bytes(16, "big"))
     root_id = trace.root_span_id.to_bytes(8, "big")
-    epoch = t.epoch_ns
+    under_root = otlp.parent_field(root_id)
+    tail = otlp.tail(otlp.STATUS_UNSET, _FLAGS)
+    fast = otlp.span_fast
     spans: list[bytes] = []
-    route = _route_template(ctx.path)
-    span = otlp.span
 
     # edge hops, reconstructed from their headers (start/end are epoch seconds)
-    root_start_ns = t.wall_ns
+    root_start_ns = wall
     for name, index, start_s, end_s in edge_hops:
         start_ns = int(start_s * 1e9)
         root_start_ns = min(root_start_ns, start_ns)
         spans.append(
-            span(
-                trace_id=tid,
-                span_id=_sid(),
-                parent_span_id=root_id,
-                name=f"hop {name}",
-                kind=otlp.KIND_INTERNAL,
-                start_ns=start_ns,
-                end_ns=int(end_s * 1e9),
-                flags=_FLAGS,
-                attributes=(_group((name, index, "header"), _HOP_NAMES),),
+            fast(
+                head,
+                _sid(),
+                under_root,
+                otlp.name_kind(f"hop {name}", otlp.KIND_INTERNAL),
+                start_ns,
+                int(end_s * 1e9),
+                (_group((name, index, "header"), _HOP_NAMES),),
+                tail,
             )
         )
     auth_end = t.auth_done if t.auth_done is not None else done
     spans.append(
-        span(
-            trace_id=tid,
-            span_id=_sid(),
-            parent_span_id=root_id,
-            name="hop auth",
-            kind=otlp.KIND_INTERNAL,
-            start_ns=epoch(t.received),
-            end_ns=epoch(auth_end),
-            flags=_FLAGS,
-            attributes=(
-                _group(("auth", hop_base + 1, "gateway"), _HOP_NAMES),
-                _s("gateway.auth.mode", "off"),
-            ),
+        fast(
+            head,
+            _sid(),
+            under_root,
+            _AUTH,
+            wall,
+            wall + int((auth_end - received) * 1e9),
+            (_group(("auth", hop_base + 1, "gateway", "off"), _AUTH_NAMES),),
+            tail,
         )
     )
     if t.auth_done is not None:
@@ -311,37 +324,42 @@ def build_spans(
         if router_end is None:
             router_end = ctx.attempts[0].start if ctx.attempts else done
         router_attrs = [
-            _group(("router", hop_base + 2, "gateway"), _HOP_NAMES),
-            _s("gateway.cache", ctx.cache),
+            _group(
+                (
+                    "router",
+                    hop_base + 2,
+                    "gateway",
+                    ctx.cache,
+                    ctx.route.name if ctx.route is not None else None,
+                ),
+                _ROUTER_NAMES,
+            )
         ]
         if t.body_received is not None:
             router_attrs.append(_f("gateway.body_read_ms", _ms(t.body_received - t.auth_done)))
             router_attrs.append(_s("gateway.request.body_bytes", len(ctx.body)))
-        if ctx.route is not None:
-            router_attrs.append(_s("gateway.route", ctx.route.name))
         for key, value in ctx.policies.items():
             router_attrs.append(_a(f"gateway.{key}", value))
         spans.append(
-            span(
-                trace_id=tid,
-                span_id=router_id,
-                parent_span_id=root_id,
-                name="hop router",
-                kind=otlp.KIND_INTERNAL,
-                start_ns=epoch(t.auth_done),
-                end_ns=epoch(router_end),
-                flags=_FLAGS,
-                attributes=router_attrs,
+            fast(
+                head,
+                router_id,
+                under_root,
+                _ROUTER,
+                wall + int((t.auth_done - received) * 1e9),
+                wall + int((router_end - received) * 1e9),
+                router_attrs,
+                tail,
             )
         )
         if ctx.cache_lookup_start is not None:
             spans.append(
                 _cache_span(
                     ctx,
-                    tid,
-                    router_id,
+                    head,
+                    otlp.parent_field(router_id),
                     "cache lookup",
-                    epoch,
+                    t.epoch_ns,
                     ctx.cache_lookup_start,
                     ctx.cache_lookup_end or done,
                     cache_backend,
@@ -351,10 +369,10 @@ def build_spans(
         spans.append(
             _cache_span(
                 ctx,
-                tid,
-                root_id,
+                head,
+                under_root,
                 "cache store",
-                epoch,
+                t.epoch_ns,
                 ctx.cache_store_start,
                 ctx.cache_store_end or done,
                 cache_backend,
@@ -365,6 +383,7 @@ def build_spans(
     payload = ctx.payload or {}
     model = ctx.model or ""
     last = ctx.attempts[-1] if ctx.attempts else None
+    client_name = otlp.name_kind(f"{ctx.operation or ctx.method} {model}".strip(), otlp.KIND_CLIENT)
     for attempt in ctx.attempts:
         b = attempt.backend
         end = attempt.end if attempt.end is not None else done
@@ -425,24 +444,22 @@ def build_spans(
             if ctx.captured is not None:
                 attrs.extend(_content_attrs(ctx))
         spans.append(
-            span(
-                trace_id=tid,
-                span_id=attempt.span_id.to_bytes(8, "big"),
-                parent_span_id=root_id,
-                name=f"{ctx.operation or ctx.method} {model}".strip(),
-                kind=otlp.KIND_CLIENT,
-                start_ns=epoch(attempt.start),
-                end_ns=epoch(end),
-                attributes=attrs,
-                status=status,
-                status_message=message,
-                flags=_FLAGS,
+            fast(
+                head,
+                attempt.span_id.to_bytes(8, "big"),
+                under_root,
+                client_name,
+                wall + int((attempt.start - received) * 1e9),
+                wall + int((end - received) * 1e9),
+                attrs,
+                otlp.tail(status, _FLAGS, message),
             )
         )
 
     # the root SERVER span: from the first edge hop's start (or receipt) to the last byte
     upstream_s = ctx.upstream_time(done)
-    request_s = done - t.received
+    request_s = done - received
+    route = _route_template(ctx.path)
     root_attrs = [
         _group(
             (
@@ -476,7 +493,7 @@ def build_spans(
             _a("gateway.edge.discarded", [f"{k}:{v}" for k, v in ctx.edge_marks.items()])
         )
     if edge_hops:
-        root_attrs.append(_f("gateway.edge_time_ms", _ms(t.wall_ns / 1e9 - edge_hops[0][2])))
+        root_attrs.append(_f("gateway.edge_time_ms", _ms(wall / 1e9 - edge_hops[0][2])))
     status = otlp.STATUS_UNSET
     message = ""
     if ctx.status >= 500:
@@ -489,22 +506,18 @@ def build_spans(
     if ctx.disconnected:
         root_attrs.append(_s("gateway.client_disconnected", True))
     root_flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
+    root_head = otlp.span_head(trace.trace_id.to_bytes(16, "big"), trace.trace_state)
+    parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
     spans.append(
-        span(
-            trace_id=tid,
-            span_id=root_id,
-            parent_span_id=trace.parent_span_id.to_bytes(8, "big")
-            if trace.parent_span_id
-            else None,
-            name=f"{ctx.method} {route}",
-            kind=otlp.KIND_SERVER,
-            start_ns=root_start_ns,
-            end_ns=epoch(done),
-            attributes=root_attrs,
-            status=status,
-            status_message=message,
-            trace_state=trace.trace_state,
-            flags=root_flags,
+        fast(
+            root_head,
+            root_id,
+            otlp.parent_field(parent),
+            otlp.name_kind(f"{ctx.method} {route}", otlp.KIND_SERVER),
+            root_start_ns,
+            wall + int(request_s * 1e9),
+            root_attrs,
+            otlp.tail(status, root_flags, message),
         )
     )
     return spans
@@ -512,7 +525,7 @@ def build_spans(
 
 def _cache_span(
     ctx: RequestContext,
-    tid: bytes,
+    head: bytes,
     parent: bytes,
     name: str,
     epoch: Callable[[float], int],
@@ -527,17 +540,16 @@ def _cache_span(
         attrs.append(_s("error.type", "cache_unavailable"))
     if ctx.cache_stored is not None and name == "cache store":
         attrs.append(_s("gateway.cache.entry_bytes", ctx.cache_stored))
-    return otlp.span(
-        trace_id=tid,
-        span_id=_sid(),
-        parent_span_id=parent,
-        name=name,
-        kind=otlp.KIND_INTERNAL,
-        start_ns=epoch(start),
-        end_ns=epoch(end),
-        flags=_FLAGS,
-        attributes=attrs,
-        status=otlp.STATUS_ERROR if ctx.cache_error else otlp.STATUS_UNSET,
+    status = otlp.STATUS_ERROR if ctx.cache_error else otlp.STATUS_UNSET
+    return otlp.span_fast(
+        head,
+        _sid(),
+        parent,
+        otlp.name_kind(name, otlp.KIND_INTERNAL),
+        epoch(start),
+        epoch(end),
+        attrs,
+        otlp.tail(status, _FLAGS),
     )
 
 
