@@ -121,7 +121,9 @@ def test_parser_independent_of_chunk_boundaries(events, eol, cuts):
 
 @given(
     st.lists(
-        st.text(st.characters(blacklist_characters="\r\n", codec="utf-8"), max_size=10), min_size=1, max_size=4
+        st.text(st.characters(blacklist_characters="\r\n", codec="utf-8"), max_size=10),
+        min_size=1,
+        max_size=4,
     )
 )
 def test_multiline_data_is_joined_with_lf(values):
