@@ -26,6 +26,7 @@ import brotli  # type: ignore[import-untyped]  # brotli 1.2 ships no type inform
 import zstandard
 
 from gateway.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from gateway.memo import remember
 from gateway.types import RawHeaders
 
 __all__ = [
@@ -215,9 +216,7 @@ def _preferences(accept_encoding: bytes | None) -> _Preferences:
     if prefs is None:
         prefs = _parse(accept_encoding)
         if len(accept_encoding) <= _CACHEABLE_LEN:
-            if len(_PREFERENCES) >= _CACHE_MAX:
-                _PREFERENCES.clear()
-            _PREFERENCES[accept_encoding] = prefs
+            remember(_PREFERENCES, accept_encoding, prefs, _CACHE_MAX)
     return prefs
 
 
@@ -251,9 +250,7 @@ def accepts(accept_encoding: bytes | None, coding: str | bytes) -> bool:
         names = [_ALIASES.get(n, n) for n in names if n]
         hit = all(prefs.q(n) > 0 for n in names or ["identity"])
         if len(accept_encoding or b"") + len(coding) <= _CACHEABLE_LEN:
-            if len(_ACCEPTS) >= _CACHE_MAX:
-                _ACCEPTS.clear()
-            _ACCEPTS[key] = hit
+            remember(_ACCEPTS, key, hit, _CACHE_MAX)
     return hit
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from gateway.memo import remember
+
 KEY_PREFIX = "gateway:cache:v1:"
 
 #: top-level request fields that choose the response's form, not its content
@@ -234,7 +236,5 @@ def parse_cache_control(value: bytes | None) -> CacheDirectives:
     if directives is None:
         directives = _parse(value)
         if len(value) <= _PARSED_VALUE_MAX:
-            if len(_parsed) >= _PARSED_MAX:
-                _parsed.clear()
-            _parsed[value] = directives
+            remember(_parsed, value, directives, _PARSED_MAX)
     return directives

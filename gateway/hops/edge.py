@@ -15,6 +15,7 @@ from gateway.config import EdgeConfig
 from gateway.context import RequestContext, Timeline
 from gateway.encoding import request_body_decoder
 from gateway.errors import PayloadTooLarge
+from gateway.memo import remember
 from gateway.types import Receive, Scope
 
 #: RFC 9110 §7.6.1 plus the legacy ones SPEC §5 names
@@ -74,9 +75,7 @@ class Edge:
                 trusted = False  # unix sockets, names: never trusted implicitly
             else:
                 trusted = any(addr in net for net in self._networks)
-            if len(self._trust_cache) >= _TRUST_CACHE_MAX:
-                self._trust_cache.clear()
-            self._trust_cache[host] = trusted
+            remember(self._trust_cache, host, trusted, _TRUST_CACHE_MAX)
         return trusted
 
     def accept(self, scope: Scope) -> RequestContext:

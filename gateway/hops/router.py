@@ -17,6 +17,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, NotFound
+from gateway.memo import remember
 
 if TYPE_CHECKING:
     from gateway.hops.upstream import Backend
@@ -54,10 +55,8 @@ class Router:
         except KeyError:
             pass
         found = next((r for r in self.routes if r.matches(model)), None)
-        if len(self._by_model) >= _MATCH_CACHE_MAX:  # model names come from clients: bound it
-            self._by_model.clear()
-        self._by_model[model] = found
-        return found
+        # model names come from clients: the table is bounded
+        return remember(self._by_model, model, found, _MATCH_CACHE_MAX)
 
     def route(self, ctx: RequestContext) -> None:
         """Parse and validate ``ctx.body``, choose ``ctx.route``, apply the route's policies."""

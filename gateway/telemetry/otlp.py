@@ -21,6 +21,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway.memo import remember
+
 AttrValue = str | bool | int | float | Sequence[str]
 
 KIND_INTERNAL = 1
@@ -128,10 +130,7 @@ def stable_attr(k: str, v: str | int | bool) -> bytes:
     key = (k, v)
     got = _STABLE.get(key)
     if got is None:
-        got = attr(k, v)
-        if len(_STABLE) >= _STABLE_MAX:
-            _STABLE.clear()
-        _STABLE[key] = got
+        got = remember(_STABLE, key, attr(k, v), _STABLE_MAX)
     return got
 
 
@@ -145,10 +144,8 @@ def name_kind(name: str, kind: int) -> bytes:
     key = (name, kind)
     got = _NAME_KIND.get(key)
     if got is None:
-        got = _field(b"\x2a", name.encode("utf-8", "surrogatepass")) + b"\x30" + varint(kind)
-        if len(_NAME_KIND) >= _STABLE_MAX:
-            _NAME_KIND.clear()
-        _NAME_KIND[key] = got
+        encoded = _field(b"\x2a", name.encode("utf-8", "surrogatepass")) + b"\x30" + varint(kind)
+        got = remember(_NAME_KIND, key, encoded, _STABLE_MAX)
     return got
 
 

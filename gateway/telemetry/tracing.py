@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
 from gateway.config import TracingConfig
+from gateway.memo import remember
 from gateway.telemetry import otlp
 from gateway.telemetry.export import (
     BatchExporter,
@@ -215,10 +216,8 @@ def _group(key: tuple[Any, ...], names: tuple[str, ...]) -> bytes:
     """Stable attributes as one memoised block (one dict lookup for the whole group)."""
     got = _GROUPS.get(key)
     if got is None:
-        got = b"".join(_s(n, v) for n, v in zip(names, key, strict=True) if v is not None)
-        if len(_GROUPS) >= 4096:
-            _GROUPS.clear()
-        _GROUPS[key] = got
+        encoded = b"".join(_s(n, v) for n, v in zip(names, key, strict=True) if v is not None)
+        got = remember(_GROUPS, key, encoded, 4096)
     return got
 
 
