@@ -187,6 +187,9 @@ class Gateway:
         a complete valid answer goes into the cache (``plan``) after the response."""
         route = ctx.route
         assert route is not None
+        # SPEC §9: ask for compressed JSON (decoded here as needed); streams ask for identity,
+        # since an upstream that compresses SSE without a flush per event would hold events back
+        ctx.upstream_headers.append(_UPSTREAM_STREAM_CODING if ctx.stream else _UPSTREAM_CODING)
         entry: Entry | None = None
         cut: UpstreamStreamError | None = None
         try:
@@ -320,6 +323,13 @@ class Gateway:
             assert self.router is not None
             backend = self.router.routes[0].backends[0]
             self.auth.check(ctx)
+            # unchanged means unchanged: the body keeps its coding, the client picks the answer's
+            for name, value in (
+                (b"content-encoding", ctx.content_encoding),
+                (b"accept-encoding", ctx.accept_encoding),
+            ):
+                if value is not None:
+                    ctx.upstream_headers.append((name.decode(), value.decode("latin-1")))
             body = _streamed_body(ctx, receive, self.max_body)
             resp, attempt = await upstream.forward(
                 ctx, (backend,), 0, False, body, self._attempt_headers, self._new_span_id
@@ -415,6 +425,10 @@ class Gateway:
         ]
         await self.relay.start(ctx, send, status, headers)
         await send({"type": "http.response.body", "body": body})
+
+
+_UPSTREAM_CODING = ("accept-encoding", "br, zstd, gzip")
+_UPSTREAM_STREAM_CODING = ("accept-encoding", "identity")
 
 
 def _negotiate(ctx: RequestContext) -> str:

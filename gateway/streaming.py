@@ -65,8 +65,8 @@ def copy_headers(
         if k == b"connection":
             connection_named.update(t.strip().lower() for t in v.split(b","))
         elif k not in drop:
-            if k == b"x-request-id":
-                continue
+            if k == b"vary" and v.strip().lower() == b"accept-encoding":
+                continue  # the gateway sends its own
             out.append((k, v))
     if connection_named:
         out = [(k, v) for k, v in out if k not in connection_named]
@@ -328,15 +328,55 @@ class Relay:
         parts: list[bytes],
         chunks: AsyncIterator[bytes],
     ) -> None:
-        # Too big to hold: pass it through as the upstream sent it, keeping its Content-Length
-        # (and coding) so a later cut shows the client a short body, never a complete one.
-        headers = copy_headers(resp.headers, _DROP_RESPONSE - {b"content-length"})
+        """Too big to hold: stream the rest on (a later failure drops the connection)."""
+        upstream_coding = _header(resp.headers, b"content-encoding")
+        coded = upstream_coding is not None and upstream_coding.strip().lower() != b"identity"
+        if coded and upstream_coding is not None:
+            passthrough = accepts(ctx.accept_encoding, upstream_coding)
+        else:
+            passthrough = ctx.coding == "identity"
+        if passthrough:
+            # As the upstream sent it, keeping its Content-Length (and coding): a later cut shows
+            # the client a short body, never a complete one.
+            headers = copy_headers(resp.headers, _DROP_RESPONSE - {b"content-length"})
+            headers.extend(upstream_request_id(resp.headers))
+            await self.start(ctx, send, resp.status, headers)
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            ctx.timeline.done = time.perf_counter()
+            return
+        # Otherwise decode and re-encode as it flows, in the client's coding (chunked: a cut is
+        # a missing last chunk on the client's side).
+        decoder = None
+        if coded:
+            assert upstream_coding is not None
+            try:
+                decoder = make_decoder(upstream_coding, MAX_DECODED_STREAM)
+            except UnsupportedEncoding as exc:
+                raise UpstreamError(
+                    f"upstream body uses an unknown coding: {exc}", code="upstream_bad_encoding"
+                ) from exc
+        encoder = make_encoder(ctx.coding)
+        headers = copy_headers(resp.headers, _DROP_JSON)
         headers.extend(upstream_request_id(resp.headers))
+        headers.extend(encoder.headers)
         await self.start(ctx, send, resp.status, headers)
-        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-        async for chunk in chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+
+        async def body() -> AsyncIterator[bytes]:
+            for part in parts:
+                yield part
+            async for chunk in chunks:
+                yield chunk
+
+        async for chunk in body():
+            data = chunk if decoder is None else _decode_step(decoder, chunk)
+            out = encoder.encode(data)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        rest = _decode_end(decoder) if decoder is not None else b""
+        await send({"type": "http.response.body", "body": encoder.encode(rest) + encoder.finish()})
         ctx.timeline.done = time.perf_counter()
 
     async def replay_json(self, ctx: RequestContext, body: bytes, send: Send, coding: str) -> None:
@@ -533,8 +573,9 @@ class Relay:
 
 
 VARY = (b"vary", b"Accept-Encoding")
-_DROP_JSON = _DROP_RESPONSE | {b"content-encoding", b"vary"}
-_DROP_SSE = _DROP_RESPONSE | {b"content-type", b"cache-control", b"content-encoding", b"vary"}
+# the upstream's own Vary (e.g. Origin) is kept; the gateway adds Vary: Accept-Encoding
+_DROP_JSON = _DROP_RESPONSE | {b"content-encoding"}
+_DROP_SSE = _DROP_RESPONSE | {b"content-type", b"cache-control", b"content-encoding"}
 
 
 def encode_body(
