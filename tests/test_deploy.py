@@ -33,6 +33,13 @@ def test_jaeger_compose_exposes_otlp_and_ui_and_the_gateway_points_at_it():
 
 def test_jaeger_readme_names_what_operators_search_for():
     text = (ROOT / "deploy/jaeger/README.md").read_text()
-    for needle in ("4317", "4318", "16686", "hop.name", "gateway.overhead_ms",
-                   "OTEL_EXPORTER_JAEGER_AGENT_HOST", "1.22"):
+    for needle in (
+        "4317",
+        "4318",
+        "16686",
+        "hop.name",
+        "gateway.overhead_ms",
+        "OTEL_EXPORTER_JAEGER_AGENT_HOST",
+        "1.22",
+    ):
         assert needle in text, needle
