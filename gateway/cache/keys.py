@@ -120,7 +120,9 @@ def cache_key(
     _field(digest, project)
     _field(digest, None if scope is None else scope.encode())
     _field(digest, canonical_json(payload))
-    return f"{KEY_PREFIX}{namespace}:{digest.hexdigest()}"
+    # {…} is a Redis Cluster hash tag: the entry and its lock (key + ":lock") share a slot, so
+    # one script can read the entry and take the lock in a single round trip
+    return f"{KEY_PREFIX}{namespace}:{{{digest.hexdigest()}}}"
 
 
 # ---------------------------------------------------------------- eligibility

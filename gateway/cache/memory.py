@@ -108,6 +108,16 @@ class MemoryStore:
             del self._locks[key]
             held.wake()
 
+    async def get_or_lock(self, key: str, lock_ttl_s: float) -> tuple[bytes | None, str | None]:
+        value = await self.get(key)
+        if value is not None:
+            return value, None
+        return None, await self.try_lock(key, lock_ttl_s)
+
+    async def set_and_unlock(self, key: str, value: bytes, ttl_s: float, token: str) -> None:
+        await self.set(key, value, ttl_s)
+        await self.unlock(key, token)
+
     async def wait_for(self, key: str, timeout_s: float) -> bytes | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -66,6 +66,21 @@ return 0
 """
 
 
+# Lookup + lock in one round trip (entry and lock share a Cluster slot: see keys.cache_key).
+_GET_OR_LOCK_LUA: Final = """
+local v = redis.call('GET', KEYS[1])
+if v then return {1, v} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, 1} end
+return {0, 0}
+"""
+# Store + compare-and-delete of our lock in one round trip.
+_SET_AND_UNLOCK_LUA: Final = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
+
+
 def _ttl_ms(ttl_s: float) -> int:
     return max(1, int(ttl_s * 1000))
 
@@ -228,6 +243,28 @@ class RedisStore:
     async def _eval_unlock(self, lock: str, token: str) -> object:
         # EVAL, not EVALSHA: the script is tiny and this saves the NOSCRIPT round trip
         return await self._client.eval(_UNLOCK_LUA, 1, lock, token)
+
+    async def get_or_lock(self, key: str, lock_ttl_s: float) -> tuple[bytes | None, str | None]:
+        token = secrets.token_hex(16)
+        reply = await self._call(
+            lambda: self._client.eval(
+                _GET_OR_LOCK_LUA, 2, key, lock_key(key), token, _ttl_ms(lock_ttl_s)
+            )
+        )
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise CacheUnavailable(f"redis returned {reply!r} for get-or-lock")
+        found, value = reply
+        if found == 1:
+            if not isinstance(value, bytes):
+                raise CacheUnavailable(f"redis returned {type(value).__name__}, expected bytes")
+            return value, None
+        return None, token if value == 1 else None
+
+    async def set_and_unlock(self, key: str, value: bytes, ttl_s: float, token: str) -> None:
+        ttl = _ttl_ms(ttl_s) if ttl_s > 0 else 1
+        await self._call(
+            lambda: self._client.eval(_SET_AND_UNLOCK_LUA, 2, key, lock_key(key), value, ttl, token)
+        )
 
     async def _locked(self, key: str) -> bool:
         return bool(await self._call(lambda: self._client.exists(lock_key(key))))

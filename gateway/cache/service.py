@@ -125,13 +125,19 @@ class ResponseCache:
         )
         ctx.cache_lookup_start = time.perf_counter()
         try:
+            token: str | None = None
+            other_leader = False
             if not directives.no_cache:
                 flight = self.flights.get(key)
                 if flight is not None:
                     ctx.cache_key = key
                     return Lookup(follow=flight, key=key)
                 try:
-                    raw = await store.get(key)
+                    if self._locks:  # one round trip: the entry, or else the replicas' lock
+                        raw, token = await store.get_or_lock(key, self._flight_wait)
+                        other_leader = raw is None and token is None
+                    else:
+                        raw = await store.get(key)
                 except CacheUnavailable:
                     return self._bypass(ctx, error=True)
                 entry = Entry.decode(raw) if raw is not None else None
@@ -140,14 +146,12 @@ class ResponseCache:
                     or time.time() - entry.stored_at <= directives.max_age
                 ):
                     return self._hit(ctx, entry)
-            plan = self._miss(ctx, key)
-            if self._locks and not directives.no_cache:
-                entry = await self._across_replicas(plan)
+            if other_leader:  # another replica is asking the upstream: wait for its entry
+                entry = await self._from_other_replica(key)
                 if entry is not None:
-                    self._finish_flight(plan, entry)
-                    self.stats.miss -= 1
-                    ctx.response_headers.pop()
                     return self._hit(ctx, entry)
+            plan = self._miss(ctx, key)
+            plan.lock_token = token
             return Lookup(plan=plan)
         finally:
             ctx.cache_lookup_end = time.perf_counter()
@@ -174,14 +178,11 @@ class ResponseCache:
         self.followed(ctx, entry)
         return Lookup(entry=entry)
 
-    async def _across_replicas(self, plan: CachePlan) -> Entry | None:
-        """Best effort: the replica holding the lock leads; others wait (bounded) for its entry."""
+    async def _from_other_replica(self, key: str) -> Entry | None:
+        """Best effort (bounded by ``flight_wait_ms``): the entry the lock holder stores."""
         assert self.store is not None
         try:
-            plan.lock_token = await self.store.try_lock(plan.key, self._flight_wait)
-            if plan.lock_token is not None:
-                return None
-            raw = await self.store.wait_for(plan.key, self._flight_wait)
+            raw = await self.store.wait_for(key, self._flight_wait)
         except CacheUnavailable:
             return None
         return Entry.decode(raw) if raw is not None else None
@@ -209,7 +210,11 @@ class ResponseCache:
                 try:
                     value = entry.encode()
                     if len(value) <= self.cfg.max_entry_bytes:
-                        await self.store.set(plan.key, value, self._ttl)
+                        if plan.lock_token is not None:  # store and release: one round trip
+                            token, plan.lock_token = plan.lock_token, None
+                            await self.store.set_and_unlock(plan.key, value, self._ttl, token)
+                        else:
+                            await self.store.set(plan.key, value, self._ttl)
                         ctx.cache_stored = len(value)
                 except CacheUnavailable:
                     self.stats.error += 1

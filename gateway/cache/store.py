@@ -54,6 +54,18 @@ class CacheStore(Protocol):
         """
         ...
 
+    async def get_or_lock(self, key: str, lock_ttl_s: float) -> tuple[bytes | None, str | None]:
+        """A lookup that, on a miss, also tries the single-flight lock — one round trip.
+
+        Returns ``(entry, None)`` on a hit, ``(None, token)`` on a miss with the lock taken,
+        ``(None, None)`` on a miss while someone else holds it. Raises CacheUnavailable.
+        """
+        ...
+
+    async def set_and_unlock(self, key: str, value: bytes, ttl_s: float, token: str) -> None:
+        """:meth:`set` then :meth:`unlock` — one round trip. Raises CacheUnavailable."""
+        ...
+
     async def wait_for(self, key: str, timeout_s: float) -> bytes | None:
         """Follower side of single flight: wait until the entry appears (return it), the lock
         is gone without an entry (None: the leader failed or did not store) or ``timeout_s``

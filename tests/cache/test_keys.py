@@ -136,7 +136,7 @@ def test_canonical_json_ignores_key_order(payload: dict[str, Any], rnd: random.R
 
 
 def test_key_shape() -> None:
-    assert re.fullmatch(r"gateway:cache:v1:default:[0-9a-f]{64}", key())
+    assert re.fullmatch(r"gateway:cache:v1:default:\{[0-9a-f]{64}\}", key())
     assert key().startswith(KEY_PREFIX)
     assert key() == key()  # stable
 

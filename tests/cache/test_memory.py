@@ -200,3 +200,13 @@ def test_wait_for_gives_up_when_the_lock_expires() -> None:
         assert await s.try_lock("k", 1) is not None
 
     asyncio.run(main())
+
+
+def test_get_or_lock_and_set_and_unlock() -> None:
+    from tests.cache.test_redis import check_one_round_trip_flight
+
+    async def main() -> None:
+        store = MemoryStore(100, 1_000_000)
+        await check_one_round_trip_flight(store, store, "k")
+
+    asyncio.run(main())

@@ -137,6 +137,32 @@ def test_lock_semantics(server: RedisServer) -> None:
     asyncio.run(main())
 
 
+def check_one_round_trip_flight(a: CacheStore, b: CacheStore, key: str) -> Awaitable[None]:
+    async def run() -> None:
+        value, token = await a.get_or_lock(key, 5)
+        assert value is None and token  # a miss takes the lock
+        assert await b.get_or_lock(key, 5) == (None, None)  # a miss while another leads
+        assert await b.try_lock(key, 5) is None
+        await b.set_and_unlock(key, b"stale", 60, "wrong-token")  # stores, but cannot unlock
+        assert await b.try_lock(key, 5) is None
+        await a.set_and_unlock(key, b"answer", 60, token)
+        assert await b.get_or_lock(key, 5) == (b"answer", None)  # a hit takes no lock
+        assert await b.get(key) == b"answer"
+        relock = await b.try_lock(key, 5)  # a's lock is gone, and the hit left none behind
+        assert relock
+        await b.unlock(key, relock)
+
+    return run()
+
+
+def test_get_or_lock_and_set_and_unlock(server: RedisServer) -> None:
+    async def main() -> None:
+        async with open_store(config(server.url)) as a, open_store(config(server.url)) as b:
+            await check_one_round_trip_flight(a, b, "gateway:cache:v1:default:{abc}")
+
+    asyncio.run(main())
+
+
 def test_wait_for_returns_the_entry_once_set(server: RedisServer) -> None:
     async def main() -> None:
         async with (
@@ -584,6 +610,8 @@ def test_cluster_locks(cluster: RedisCluster) -> None:
                 await a.unlock(k, token)
                 assert await asyncio.wait_for(follower, 5) == b"answer"
                 assert await b.try_lock(k, 5) is not None
+            for i in range(6):  # the one-round-trip scripts, on keys of several slots
+                await check_one_round_trip_flight(a, b, f"gateway:cache:v1:default:{{k{i}}}")
 
     asyncio.run(main())
 
