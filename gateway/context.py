@@ -55,9 +55,6 @@ class Timeline:
         """A perf_counter point as Unix epoch nanoseconds (for span timestamps)."""
         return self.wall_ns + int((t - self.received) * 1e9)
 
-    def now_epoch(self) -> float:
-        return self.wall_ns / 1e9 + (time.perf_counter() - self.received)
-
 
 class Attempt:
     """One try of one backend; ``upstream_time`` sums them all (SPEC §6)."""

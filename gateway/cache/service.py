@@ -38,33 +38,29 @@ class CacheStats:
 
 
 class CachePlan:
-    """What one request does with the cache after its lookup."""
+    """A miss: the answer goes upstream, and into the store after the response."""
 
-    __slots__ = ("collector", "flight", "key", "lock_token", "store")
+    __slots__ = ("collector", "flight", "key", "lock_token")
 
-    def __init__(self, key: str, store: bool) -> None:
+    def __init__(self, key: str) -> None:
         self.key = key
-        #: whether the answer may be stored (not no-store, store reachable at lookup time)
-        self.store = store
         self.flight: Flight | None = None
         self.lock_token: str | None = None
         self.collector: StreamCollector | None = None
 
 
 class Lookup:
-    __slots__ = ("entry", "follow", "key", "plan")
+    __slots__ = ("entry", "follow", "plan")
 
     def __init__(
         self,
         entry: Entry | None = None,
         follow: Flight | None = None,
         plan: CachePlan | None = None,
-        key: str | None = None,
     ) -> None:
         self.entry = entry  # a hit: answer from this
         self.follow = follow  # an identical request is in flight here: follow it
         self.plan = plan  # a miss: go upstream, then complete()
-        self.key = key
 
 
 NOTHING = Lookup()
@@ -131,7 +127,7 @@ class ResponseCache:
                 flight = self.flights.get(key)
                 if flight is not None:
                     ctx.cache_key = key
-                    return Lookup(follow=flight, key=key)
+                    return Lookup(follow=flight)
                 try:
                     if self._locks:  # one round trip: the entry, or else the replicas' lock
                         raw, token = await store.get_or_lock(key, self._flight_wait)
@@ -160,7 +156,7 @@ class ResponseCache:
         self.stats.miss += 1
         ctx.cache = "miss"
         ctx.response_headers.append((b"x-gateway-cache", b"MISS"))
-        plan = CachePlan(key, store=True)
+        plan = CachePlan(key)
         if self.flights.get(key) is None:
             plan.flight = self.flights.lead(key, ctx.stream)
         if ctx.stream:
@@ -204,7 +200,7 @@ class ResponseCache:
     ) -> None:
         """After the response: store a complete, valid answer; release followers and the lock."""
         try:
-            if entry is not None and plan.store and len(entry.body) <= self.cfg.max_entry_bytes:
+            if entry is not None and len(entry.body) <= self.cfg.max_entry_bytes:
                 assert self.store is not None
                 ctx.cache_store_start = time.perf_counter()
                 try:
