@@ -349,15 +349,7 @@ class Relay:
             return
         # Otherwise decode and re-encode as it flows, in the client's coding (chunked: a cut is
         # a missing last chunk on the client's side).
-        decoder = None
-        if coded:
-            assert upstream_coding is not None
-            try:
-                decoder = make_decoder(upstream_coding, MAX_DECODED_STREAM)
-            except UnsupportedEncoding as exc:
-                raise UpstreamError(
-                    f"upstream body uses an unknown coding: {exc}", code="upstream_bad_encoding"
-                ) from exc
+        decoder = _stream_decoder(upstream_coding)
         encoder = make_encoder(ctx.coding)
         headers = copy_headers(resp.headers, _DROP_JSON)
         headers.extend(upstream_request_id(resp.headers))
@@ -452,15 +444,7 @@ class Relay:
                 f"{ctype.decode('latin-1') or 'none'!r}, not text/event-stream",
                 code="upstream_bad_content_type",
             )
-        upstream_coding = _header(resp.headers, b"content-encoding")
-        decoder = None
-        if upstream_coding is not None and upstream_coding.lower() != b"identity":
-            try:
-                decoder = make_decoder(upstream_coding, MAX_DECODED_STREAM)
-            except UnsupportedEncoding as exc:
-                raise UpstreamError(
-                    f"upstream stream uses an unknown coding: {exc}", code="upstream_bad_encoding"
-                ) from exc
+        decoder = _stream_decoder(_header(resp.headers, b"content-encoding"))
         parser = SSEParser()
         timeline = ctx.timeline
         loop = asyncio.get_running_loop()
@@ -600,6 +584,18 @@ def _decode_whole(coding: bytes, raw: bytes) -> bytes:
         raise UpstreamError(
             f"upstream body is not valid {coding.decode('latin-1')}: {exc}",
             code="upstream_bad_encoding",
+        ) from exc
+
+
+def _stream_decoder(coding: bytes | None) -> Decoder | None:
+    """An incremental decoder for an upstream answer's coding (None for identity)."""
+    if coding is None or coding.strip().lower() in (b"", b"identity"):
+        return None
+    try:
+        return make_decoder(coding, MAX_DECODED_STREAM)
+    except UnsupportedEncoding as exc:
+        raise UpstreamError(
+            f"upstream answer uses an unknown coding: {exc}", code="upstream_bad_encoding"
         ) from exc
 
 

@@ -372,3 +372,30 @@ def running(*servers: Any) -> Iterator[None]:
     finally:
         for s in reversed(started):
             s.stop()
+
+
+#: the chat stream :func:`paced_upstream` sends, one word per event
+WORDS = ["Streams", " arrive", " one", " event", " at", " a", " time", "."]
+GAP_S = 0.3
+
+
+def paced_upstream(sent_at: list[float], gap: float = GAP_S) -> Handler:
+    """An upstream that sends one chat chunk every ``gap`` seconds, recording when each left."""
+
+    async def handler(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(sse_head())
+        await writer.drain()
+        for i, word in enumerate(WORDS):
+            if i:
+                await asyncio.sleep(gap)
+            writer.write(chunk(chat_chunk(word)))
+            await writer.drain()
+            sent_at.append(time.monotonic())
+        await asyncio.sleep(gap)
+        writer.write(chunk(chat_chunk(None, finish="stop")) + chunk(b"data: [DONE]\n\n"))
+        writer.write(LAST_CHUNK)
+        await writer.drain()
+        sent_at.append(time.monotonic())
+        return True
+
+    return handler

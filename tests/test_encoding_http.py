@@ -7,7 +7,6 @@ libraries, so a wrong header, a double encoding or a buffered stream shows as a 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
 import http.client
@@ -30,12 +29,14 @@ import zstandard
 from gateway.encoding import negotiate
 from tests.support import (
     LAST_CHUNK,
+    WORDS,
     GatewayServer,
     SeenRequest,
     chat_chunk,
     chunk,
     config_for,
     http_response,
+    paced_upstream,
     sse_head,
 )
 
@@ -557,32 +558,6 @@ def test_what_the_gateway_asks_upstream_on_stream_requests(gateway, upstream):
 
 
 # ---------------------------------------------------------------- compressed streams, live
-
-
-WORDS = ["Streams", " arrive", " one", " event", " at", " a", " time", "."]
-GAP_S = 0.3
-
-
-def paced_upstream(sent_at: list[float], gap: float = GAP_S):
-    """An upstream that sends one chat chunk every `gap` seconds, recording when each left."""
-
-    async def handler(req: SeenRequest, writer: Any) -> bool:
-        writer.write(sse_head())
-        await writer.drain()
-        for i, word in enumerate(WORDS):
-            if i:
-                await asyncio.sleep(gap)
-            writer.write(chunk(chat_chunk(word)))
-            await writer.drain()
-            sent_at.append(time.monotonic())
-        await asyncio.sleep(gap)
-        writer.write(chunk(chat_chunk(None, finish="stop")) + chunk(b"data: [DONE]\n\n"))
-        writer.write(LAST_CHUNK)
-        await writer.drain()
-        sent_at.append(time.monotonic())
-        return True
-
-    return handler
 
 
 class Incremental:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import openai
@@ -10,32 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.streaming import DONE, SSEParser, event_data
-from tests.support import LAST_CHUNK, chat_chunk, chunk, config_for, sse_head
-
-WORDS = ["Streams", " arrive", " one", " event", " at", " a", " time", "."]
-GAP_S = 0.3
-
-
-def paced_upstream(sent_at: list[float], gap: float = GAP_S):
-    """An upstream that sends one chat chunk every `gap` seconds, recording when each left."""
-
-    async def handler(req, writer):
-        writer.write(sse_head())
-        await writer.drain()
-        for i, word in enumerate(WORDS):
-            if i:
-                await asyncio.sleep(gap)
-            writer.write(chunk(chat_chunk(word)))
-            await writer.drain()
-            sent_at.append(time.monotonic())
-        await asyncio.sleep(gap)
-        writer.write(chunk(chat_chunk(None, finish="stop")) + chunk(b"data: [DONE]\n\n"))
-        writer.write(LAST_CHUNK)
-        await writer.drain()
-        sent_at.append(time.monotonic())
-        return True
-
-    return handler
+from tests.support import WORDS, config_for, paced_upstream
 
 
 def test_each_event_arrives_before_the_upstream_sends_the_next(gateway, upstream):
