@@ -327,6 +327,16 @@ def http_response(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+def answering(body: bytes, status: int = 200) -> Handler:
+    """An upstream handler that answers every request with one fixed JSON response."""
+
+    async def handler(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(http_response(status, body))
+        return True
+
+    return handler
+
+
 def sse_head(extra: list[tuple[str, str]] | None = None) -> bytes:
     lines = [
         "HTTP/1.1 200 OK",

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support import Process, free_port, gateway_cli, http_response
+from tests.support import Process, answering, free_port, gateway_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,9 +125,7 @@ def test_serve_refuses_a_bad_config_with_exit_2(tmp_path):
 
 
 def test_probe_reports_curl_style_timings(upstream):
-    async def answer(req, writer):
-        writer.write(http_response(200, b'{"object": "list", "data": []}'))
-        return True
+    answer = answering(b'{"object": "list", "data": []}')
 
     up = upstream(answer)
     out = run_cli("probe", up.url + "/models")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gateway.config import EdgeConfig
 from gateway.hops.edge import HOP_BY_HOP, Edge, _raw_time
 from tests.conftest import BACKEND_KEY
-from tests.support import config_for, http_response
+from tests.support import answering, config_for, http_response
 
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 CLIENT_KEY = "sk-client-secret-must-not-travel"
@@ -242,9 +242,7 @@ def test_hygiene_end_to_end(gateway, upstream):
 
 
 def test_generated_request_id_is_forwarded_and_returned(gateway, upstream):
-    async def answer(req, writer):
-        writer.write(http_response(200, b"{}"))
-        return True
+    answer = answering(b"{}")
 
     up = upstream(answer)
     gw = gateway(config_for(up.url))
@@ -261,9 +259,7 @@ def test_generated_request_id_is_forwarded_and_returned(gateway, upstream):
 
 
 def test_untrusted_peer_chain_is_replaced(gateway, upstream):
-    async def answer(req, writer):
-        writer.write(http_response(200, b"{}"))
-        return True
+    answer = answering(b"{}")
 
     up = upstream(answer)
     gw = gateway(config_for(up.url, extra="[edge]\ntrusted_proxies = []"))
@@ -283,9 +279,7 @@ def test_untrusted_peer_chain_is_replaced(gateway, upstream):
 
 
 def test_upstream_connections_are_reused(gateway, upstream):
-    async def answer(req, writer):
-        writer.write(http_response(200, b'{"ok": 1}'))
-        return True
+    answer = answering(b'{"ok": 1}')
 
     up = upstream(answer)
     gw = gateway(config_for(up.url))

@@ -19,6 +19,7 @@ from gateway.telemetry.tracing import Tracing, parse_traceparent
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.support import (
     LAST_CHUNK,
+    answering,
     chat_chunk,
     chunk,
     config_for,
@@ -267,9 +268,7 @@ def test_grpc_exporter_delivers_the_same_tree(gateway, mock_upstream):
 def test_incoming_traceparent_is_continued_and_the_client_span_is_the_upstreams_parent(
     gateway, upstream, receiver
 ):
-    async def answer(req, writer):
-        writer.write(http_response(200, b'{"id": "x", "model": "m", "choices": []}'))
-        return True
+    answer = answering(b'{"id": "x", "model": "m", "choices": []}')
 
     up = upstream(answer)
     gw = gateway(traced(up.url, receiver))
@@ -299,9 +298,7 @@ def test_incoming_traceparent_is_continued_and_the_client_span_is_the_upstreams_
 def test_unsampled_incoming_parent_exports_nothing_but_still_propagates(
     gateway, upstream, receiver
 ):
-    async def answer(req, writer):
-        writer.write(http_response(200, b"{}"))
-        return True
+    answer = answering(b"{}")
 
     up = upstream(answer)
     gw = gateway(traced(up.url, receiver))
@@ -321,9 +318,7 @@ def test_unsampled_incoming_parent_exports_nothing_but_still_propagates(
 
 
 def test_untrusted_incoming_traceparent_starts_a_new_trace(gateway, upstream, receiver):
-    async def answer(req, writer):
-        writer.write(http_response(200, b"{}"))
-        return True
+    answer = answering(b"{}")
 
     gw = gateway(traced(upstream(answer).url, receiver, extra="trust_incoming = false"))
     tid = f"{random.getrandbits(128):032x}"
@@ -450,9 +445,7 @@ def test_server_timing_and_no_traceresponse_when_tracing_is_off(gateway, mock_up
 
 
 def test_tracing_off_forwards_the_clients_traceparent_untouched(gateway, upstream):
-    async def answer(req, writer):
-        writer.write(http_response(200, b"{}"))
-        return True
+    answer = answering(b"{}")
 
     up = upstream(answer)
     gw = gateway(config_for(up.url))
