@@ -267,3 +267,17 @@ def test_errors_do_not_hang_with_concurrent_bad_requests(gw):
     for t in threads:
         t.join(15)
     assert results == [400] * 20
+
+
+def test_upstream_redirect_is_a_502_and_never_followed(gateway, upstream):
+    async def redirect(req, writer):
+        writer.write(http_response(307, b"", extra=[("location", "http://198.51.100.1/steal")]))
+        return True
+
+    up = upstream(redirect)
+    gw = gateway(config_for(up.url))
+    resp = httpx2.post(gw.base_url + "/chat/completions", json=CHAT)
+    err = assert_openai_error(resp, 502, "upstream_error")
+    assert err["code"] == "upstream_redirect"
+    assert "location" not in resp.headers
+    assert len(up.requests) == 1  # not retried, not followed

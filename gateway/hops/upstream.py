@@ -141,6 +141,16 @@ async def forward(
                 raise
             attempt.first_byte = time.perf_counter()
             attempt.status = resp.status
+            if 300 <= resp.status < 400 and resp.status != 304:
+                # SPEC §13: never followed, never passed on — a key is never sent, and a client
+                # never sent, to a host that config did not name
+                await resp.aclose()
+                attempt.end = time.perf_counter()
+                attempt.error = UpstreamError(
+                    f"upstream answered {resp.status} (a redirect); redirects are not followed",
+                    code="upstream_redirect",
+                )
+                raise attempt.error
             if resp.status in RETRYABLE_STATUS and number < total:
                 hint = _retry_after(resp)
                 give_up = hint is not None and hint > RETRY_AFTER_CAP
