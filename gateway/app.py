@@ -65,6 +65,8 @@ class Gateway:
         self.auth = Auth()
         self.relay = Relay(self._headers_at_start)
         self.tracing: Tracing | None = None  # made in startup (it starts the export thread)
+        #: per-attempt headers (traceparent) when tracing; None keeps the attempt path bare
+        self._extra_headers: upstream.AttemptHeaders | None = None
         self.access_log = AccessLog(config.logging)
         #: the store connects lazily: a dead Redis never stops the gateway from starting
         self.cache = ResponseCache(config.cache, make_store(config.cache))
@@ -121,6 +123,8 @@ class Gateway:
             edge_hop_count=len(self.config.edge.hops),
             cache_backend=self.config.cache.backend,
         )
+        if self.tracing.enabled:
+            self._extra_headers = self._attempt_headers
         for cfg in self.config.backends:
             if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
                 log.warning(
@@ -199,7 +203,7 @@ class Gateway:
                 route.config.retries,
                 route.config.retry_on_timeout,
                 ctx.body,
-                self._attempt_headers,
+                self._extra_headers,
                 self._new_span_id,
             )
             if ctx.stream and resp.status == 200:
@@ -276,8 +280,7 @@ class Gateway:
         return ctx
 
     def _attempt_headers(self, ctx: RequestContext, attempt: Any) -> list[tuple[str, str]]:
-        if ctx.trace is None or self.tracing is None:
-            return []
+        assert self.tracing is not None and ctx.trace is not None
         return self.tracing.attempt_headers(ctx, attempt)
 
     def _new_span_id(self) -> int:
@@ -332,7 +335,7 @@ class Gateway:
                     ctx.upstream_headers.append((name.decode(), value.decode("latin-1")))
             body = _streamed_body(ctx, receive, self.max_body)
             resp, attempt = await upstream.forward(
-                ctx, (backend,), 0, False, body, self._attempt_headers, self._new_span_id
+                ctx, (backend,), 0, False, body, self._extra_headers, self._new_span_id
             )
             await self.relay.relay_raw(ctx, resp, attempt, send)
         except GatewayError as exc:

@@ -34,7 +34,7 @@ from gateway.encoding import (
 )
 from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
 from gateway.hops.edge import HOP_BY_HOP
-from gateway.transports.base import UpstreamResponse
+from gateway.transports.base import UpstreamResponse, header_value
 from gateway.types import RawHeaders, Receive, Send
 
 #: non-stream bodies up to this size are held until complete (honest 502 on a short body)
@@ -301,7 +301,7 @@ class Relay:
             _upstream_finished(ctx, attempt)
             await resp.aclose()
         raw = parts[0] if len(parts) == 1 else b"".join(parts)
-        upstream_coding = _header(resp.headers, b"content-encoding")
+        upstream_coding = header_value(resp.headers, b"content-encoding")
         body = raw
         if upstream_coding is not None and upstream_coding.lower() != b"identity":
             body = _decode_whole(upstream_coding, raw)
@@ -329,7 +329,7 @@ class Relay:
         chunks: AsyncIterator[bytes],
     ) -> None:
         """Too big to hold: stream the rest on (a later failure drops the connection)."""
-        upstream_coding = _header(resp.headers, b"content-encoding")
+        upstream_coding = header_value(resp.headers, b"content-encoding")
         coded = upstream_coding is not None and upstream_coding.strip().lower() != b"identity"
         if coded and upstream_coding is not None:
             passthrough = accepts(ctx.accept_encoding, upstream_coding)
@@ -437,14 +437,14 @@ class Relay:
         encoder: Encoder,
         tee: Tee | None,
     ) -> UpstreamStreamError | None:
-        ctype = _header(resp.headers, b"content-type") or b""
+        ctype = header_value(resp.headers, b"content-type") or b""
         if not ctype.lower().startswith(b"text/event-stream"):
             raise UpstreamError(
                 f"upstream answered a streaming request with content-type "
                 f"{ctype.decode('latin-1') or 'none'!r}, not text/event-stream",
                 code="upstream_bad_content_type",
             )
-        decoder = _stream_decoder(_header(resp.headers, b"content-encoding"))
+        decoder = _stream_decoder(header_value(resp.headers, b"content-encoding"))
         parser = SSEParser()
         timeline = ctx.timeline
         loop = asyncio.get_running_loop()
@@ -656,13 +656,6 @@ def _upstream_finished(ctx: RequestContext, attempt: Attempt) -> None:
     if attempt.end is None:
         attempt.end = time.perf_counter()
         ctx.timeline.upstream_done = attempt.end
-
-
-def _header(headers: RawHeaders, name: bytes) -> bytes | None:
-    for k, v in headers:
-        if k == name:
-            return v
-    return None
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ctx: RequestContext) -> None:
