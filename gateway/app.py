@@ -38,7 +38,7 @@ from gateway.hops.auth import Auth
 from gateway.hops.edge import ClientGone, Edge, read_body
 from gateway.hops.router import OPERATIONS, Router
 from gateway.hops.upstream import Backend
-from gateway.streaming import VARY, Relay, note_json_body
+from gateway.streaming import VARY, Relay
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.server_timing import edge_intervals, server_timing
 from gateway.telemetry.tracing import Tracing
@@ -235,7 +235,7 @@ class Gateway:
             await self.relay.replay_sse(ctx, events, send, receive, ctx.coding)
         else:
             await self.relay.replay_json(ctx, entry.body, send, ctx.coding)
-        note_json_body(ctx, entry.body)
+        ctx.input_tokens, ctx.output_tokens = entry.tokens
 
     async def follow(
         self, ctx: RequestContext, flight: Flight, send: Send, receive: Receive

@@ -32,6 +32,8 @@ class Entry:
     body: bytes
     #: the data payloads of the original stream's chunks (usage-only chunk excluded), if any
     chunks: list[bytes] | None
+    #: the answer's (input, output) token counts, so a hit needs no parse of the body
+    tokens: tuple[int | None, int | None] = (None, None)
 
     def encode(self) -> bytes:
         meta = orjson.dumps(
@@ -39,6 +41,7 @@ class Entry:
                 "t": self.stored_at,
                 "op": self.operation,
                 "chunks": [c.decode() for c in self.chunks] if self.chunks is not None else None,
+                "u": self.tokens,
             }
         )
         return MAGIC + _LEN.pack(len(meta)) + meta + self.body
@@ -52,11 +55,13 @@ class Entry:
         try:
             meta = orjson.loads(raw[8 : 8 + n])
             chunks = meta["chunks"]
+            tokens = meta.get("u") or (None, None)
             return cls(
                 float(meta["t"]),
                 str(meta["op"]),
                 raw[8 + n :],
                 [c.encode() for c in chunks] if chunks is not None else None,
+                (tokens[0], tokens[1]),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -153,7 +158,9 @@ class StreamCollector:
         body = orjson.dumps(obj)
         if len(body) > self.limit:
             return None
-        return Entry(stored_at, self.operation, body, list(self._chunks))
+        usage = self.usage or {}
+        tokens = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        return Entry(stored_at, self.operation, body, list(self._chunks), tokens)
 
 
 def _merge_tool_call(calls: list[dict[str, Any]], delta: Any) -> None:

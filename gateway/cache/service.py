@@ -251,7 +251,7 @@ class ResponseCache:
 def json_entry(ctx: RequestContext, body: bytes) -> Entry | None:
     """An entry from a complete non-stream 200 answer."""
     assert ctx.operation is not None
-    return Entry(time.time(), ctx.operation, body, None)
+    return Entry(time.time(), ctx.operation, body, None, (ctx.input_tokens, ctx.output_tokens))
 
 
 class StreamTee:

@@ -548,6 +548,7 @@ def test_cache_lookup_and_store_spans(gateway, mock_upstream, receiver):
         miss = one_trace(receiver, "POST /v1/chat/completions", 6)
         names = by_name(miss)
         assert names["POST /v1/chat/completions"].attributes["gateway.cache"] == "miss"
+        names_miss_root = names["POST /v1/chat/completions"]
         lookup, store = names["cache lookup"], names["cache store"]
         assert lookup.parent_span_id == names["hop router"].span_id
         assert lookup.attributes["db.system.name"] == "redis"
@@ -568,6 +569,12 @@ def test_cache_lookup_and_store_spans(gateway, mock_upstream, receiver):
         hit = by_name(receiver.trace(root.trace_id))
         assert "chat mock-gpt-4o" not in hit  # no upstream call on a hit
         assert hit["cache lookup"].attributes["gateway.cache"] == "hit"
+        # a hit reports the cached answer's usage without parsing its body
+        miss_root = names_miss_root
+        assert (
+            root.attributes["gen_ai.usage.output_tokens"]
+            == miss_root.attributes["gen_ai.usage.output_tokens"]
+        )
         assert root.attributes["gateway.upstream_time_ms"] == 0
         redis.kill()
         receiver.clear()
