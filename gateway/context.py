@@ -16,6 +16,10 @@ Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` un
     client_first_byte   [DS_TX_BEG]  response headers sent to the client
     first_content                    first content-bearing SSE event sent (TTFT)
     done                [DS_TX_END]  last byte sent to the client
+
+The context is typed in parts, each written by one hop: the edge's facts on the context itself,
+:class:`Call` (the router), :class:`CacheOutcome` (the cache), :class:`Answer` (the upstream
+and the response writer) and :class:`TraceContext` (the trace ids, fixed at the edge).
 """
 
 from __future__ import annotations
@@ -23,12 +27,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError
-    from gateway.hops.router import Route
-    from gateway.hops.upstream import Backend
+    from gateway.routes import Backend, Route
     from gateway.types import Scope
 
 
@@ -74,6 +77,129 @@ class Attempt:
     def duration(self, now: float) -> float:
         return (self.end if self.end is not None else now) - self.start
 
+    def finished(self) -> None:
+        if self.end is None:
+            self.end = time.perf_counter()
+
+
+class TraceContext:
+    """The ids of one request's trace, fixed when the request arrives (SPEC §7)."""
+
+    __slots__ = ("flags", "parent_span_id", "root_span_id", "sampled", "trace_id", "trace_state")
+
+    def __init__(
+        self,
+        trace_id: int,
+        root_span_id: int,
+        parent_span_id: int | None,
+        sampled: bool,
+        trace_state: str,
+    ) -> None:
+        self.trace_id = trace_id
+        self.root_span_id = root_span_id
+        self.parent_span_id = parent_span_id
+        self.sampled = sampled
+        self.flags = "01" if sampled else "00"
+        self.trace_state = trace_state
+
+    def traceparent(self, span_id: int) -> str:
+        return f"00-{self.trace_id:032x}-{span_id:016x}-{self.flags}"
+
+
+CacheResult = Literal["off", "hit", "miss", "bypass"]
+
+
+class CacheOutcome:
+    """What the cache did for this request (SPEC §10): ``x-gateway-cache`` and its spans."""
+
+    __slots__ = (
+        "error",
+        "key",
+        "lookup_end",
+        "lookup_start",
+        "result",
+        "store_end",
+        "store_start",
+        "stored",
+    )
+
+    def __init__(self) -> None:
+        self.result: CacheResult = "off"
+        self.key: str | None = None
+        self.lookup_start: float | None = None
+        self.lookup_end: float | None = None
+        self.store_start: float | None = None
+        self.store_end: float | None = None
+        #: bytes written to the store
+        self.stored: int | None = None
+        #: the store could not answer (Redis down, breaker open)
+        self.error = False
+
+
+class Call:
+    """A model call as the router established it: the parsed body, the route, the policies."""
+
+    __slots__ = ("body", "operation", "path", "payload", "policies", "route", "stream")
+
+    def __init__(
+        self,
+        path: str,
+        operation: str,
+        body: bytes,
+        payload: dict[str, Any],
+        stream: bool,
+        route: Route,
+    ) -> None:
+        self.path = path
+        #: gen_ai.operation.name: chat | text_completion | embeddings | ...
+        self.operation = operation
+        #: what goes upstream: the client's bytes, re-serialised only when a policy changed them
+        self.body = body
+        self.payload = payload
+        self.stream = stream
+        self.route = route
+        #: what the route's policies changed (max_tokens cap, history window), for the router span
+        self.policies: Mapping[str, Any] = _NO_POLICIES
+
+    def wants_usage(self) -> bool:
+        opts = self.payload.get("stream_options")
+        return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
+_NO_POLICIES: Mapping[str, Any] = MappingProxyType({})
+
+
+class Answer:
+    """What came back: status (set by the response writer), usage, ids, the error if any."""
+
+    __slots__ = (
+        "captured",
+        "error",
+        "finish_reasons",
+        "input_tokens",
+        "output_tokens",
+        "response_id",
+        "response_model",
+        "status",
+    )
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.error: GatewayError | None = None
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.response_model: str | None = None
+        self.response_id: str | None = None
+        self.finish_reasons: list[str] | None = None
+        #: completion text pieces, collected only with tracing.capture_content = true
+        self.captured: list[str] | None = None
+
+    def usage(self, input_tokens: Any, output_tokens: Any) -> None:
+        if type(input_tokens) is int:
+            self.input_tokens = input_tokens
+        if type(output_tokens) is int:
+            self.output_tokens = output_tokens
+
 
 class RequestContext:
     """What the hops establish about one request; data moves forward only.
@@ -85,7 +211,7 @@ class RequestContext:
     # -- from the edge
     request_id = ""
     peer_trusted = False
-    #: the client's API key (Authorization bearer or api-key); never forwarded, never logged
+    #: the client's API key (Bearer, api-key or x-api-key); never forwarded, never logged
     credential: bytes | None = None
     accept_encoding: bytes | None = None
     content_encoding: bytes | None = None
@@ -97,42 +223,20 @@ class RequestContext:
     edge_times: Sequence[tuple[str, int, float]] = ()
     #: edge hop name -> why its header was discarded ("future", "stale", "invalid", ...)
     edge_marks: Mapping[str, str] = MappingProxyType({})
-    #: the raw (traceparent, tracestate) the client sent, and the trace ids chosen for us
+    #: the raw (traceparent, tracestate) the client sent
     incoming_trace: tuple[bytes, bytes | None] | None = None
-    trace: Any = None
-    #: completion text pieces, collected only with tracing.capture_content = true
-    captured: list[str] | None = None
-    # -- from auth and the router
+    #: the trace ids chosen for this request (None when tracing is off)
+    trace: TraceContext | None = None
+    # -- from auth
     tenant: str | None = None
+    # -- from the router
     #: the response coding negotiated from Accept-Encoding (SPEC §9)
     coding = "identity"
-    body = b""
-    payload: dict[str, Any] | None = None
+    #: the model the body asked for (known even when no route serves it)
     model: str | None = None
-    stream = False
-    operation: str | None = None
-    route: Route | None = None
-    #: what the route's policies changed (max_tokens cap, history window), for the router span
-    policies: Mapping[str, Any] = MappingProxyType({})
-    # -- cache (SPEC §10): hit | miss | bypass | off
-    cache = "off"
-    cache_key: str | None = None
-    cache_lookup_start: float | None = None
-    cache_lookup_end: float | None = None
-    cache_store_start: float | None = None
-    cache_store_end: float | None = None
-    cache_stored: int | None = None
-    cache_error = False
-    # -- the answer
-    status = 0
-    response_started = False
+    call: Call | None = None
+    #: the client went away before the answer was complete (status 499)
     disconnected = False
-    error: GatewayError | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    response_model: str | None = None
-    response_id: str | None = None
-    finish_reasons: list[str] | None = None
 
     def __init__(self, scope: Scope, timeline: Timeline) -> None:
         self.scope = scope
@@ -146,10 +250,12 @@ class RequestContext:
         #: headers to send upstream (hygiene applied), as str pairs for the client libraries
         self.upstream_headers: list[tuple[str, str]] = []
         self.attempts: list[Attempt] = []
-        #: extra headers for the client response (x-request-id, Server-Timing, ...)
+        #: extra headers for the client response (x-request-id, x-gateway-cache, ...)
         self.response_headers: list[tuple[bytes, bytes]] = []
+        self.cache = CacheOutcome()
+        self.answer = Answer()
 
-    # -- derived timings (ms), SPEC §6
+    # -- derived timings (s), SPEC §6
 
     def upstream_time(self, now: float | None = None) -> float:
         now = time.perf_counter() if now is None else now

@@ -4,21 +4,27 @@
 
     GatewayError                      status  type
     ├── InvalidRequest                400     invalid_request_error
+    ├── Unauthorized                  401     authentication_error
+    ├── Forbidden                     403     permission_error
     ├── NotFound                      404     not_found_error
     ├── NotAcceptable                 406     not_acceptable
     ├── PayloadTooLarge               413     payload_too_large
     ├── UnsupportedMediaType          415     unsupported_media_type
+    ├── RateLimited                   429     rate_limit_error (+ Retry-After, x-ratelimit-*)
     ├── UpstreamError                 502     upstream_error
     │   ├── UpstreamConnectError      502     (nothing was sent: always safe to retry)
     │   └── UpstreamStreamError       502     upstream_stream_truncated / _idle_timeout
     └── UpstreamTimeout               504     upstream_timeout
 
 Client libraries' exceptions are translated into these at the transport boundary
-(``transports.base.map_upstream_errors``); only the edge renders them, with the OpenAI
-error shape ``{"error": {"message", "type", "code", "param"}}`` (SPEC §5).
+(each transport's ``map_upstream_errors``); only the request scope renders them
+(:meth:`gateway.writer.ResponseWriter.error`), with the OpenAI error shape
+``{"error": {"message", "type", "code", "param"}}`` (SPEC §5).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import orjson
 
@@ -28,6 +34,8 @@ class GatewayError(Exception):
     type: str = "internal_error"
     #: whether a client may safely send the same request again (``x-should-retry``)
     should_retry: bool = False
+    #: extra response headers (Retry-After, x-ratelimit-*)
+    headers: Sequence[tuple[bytes, bytes]] = ()
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -41,6 +49,16 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
 
 
 class NotFound(GatewayError):
@@ -61,6 +79,18 @@ class PayloadTooLarge(GatewayError):
 class UnsupportedMediaType(GatewayError):
     status = 415
     type = "unsupported_media_type"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    should_retry = True
+
+    def __init__(
+        self, message: str, *, code: str | None, headers: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        super().__init__(message, code=code)
+        self.headers = headers
 
 
 class UpstreamError(GatewayError):
@@ -109,3 +139,10 @@ class UpstreamTimeout(GatewayError):
 
 def error_body(message: str, type_: str, code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}})
+
+
+class ClientGone(Exception):
+    """The client went away before the answer was complete (recorded as status 499).
+
+    Not a :class:`GatewayError`: there is nobody left to render an error to.
+    """

@@ -240,3 +240,17 @@ def parse_cache_control(value: bytes | None) -> CacheDirectives:
         if len(value) <= _PARSED_VALUE_MAX:
             remember(_parsed, value, directives, _PARSED_MAX)
     return directives
+
+
+def credential_scope(tenant: str | None, credential: bytes | None) -> str:
+    """The cache scope of a caller (SPEC §10): the tenant when auth knows one, else a digest of
+    the client's credential that cannot be turned back into the key ("anon": none).
+
+    >>> credential_scope("team-a", b"sk-1"), credential_scope(None, None)
+    ('t:team-a', 'anon')
+    """
+    if tenant is not None:
+        return "t:" + tenant
+    if not credential:
+        return "anon"
+    return "k:" + hashlib.sha256(b"llm-gateway scope\0" + credential).hexdigest()[:32]

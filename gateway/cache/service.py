@@ -15,14 +15,19 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.cache.flight import CONTENT, DONE, USAGE_ONLY, Flight, Flights
-from gateway.cache.keys import NO_DIRECTIVES, cache_key, is_cacheable, parse_cache_control
+from gateway.cache.keys import (
+    NO_DIRECTIVES,
+    cache_key,
+    credential_scope,
+    is_cacheable,
+    parse_cache_control,
+)
 from gateway.cache.replay import Entry, StreamCollector
 from gateway.cache.store import CacheStore, CacheUnavailable
 from gateway.config import CacheConfig
-from gateway.hops.auth import credential_scope
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
+    from gateway.context import Call, RequestContext
 
 
 class CacheStats:
@@ -91,22 +96,21 @@ class ResponseCache:
         self._flight_wait = cfg.flight_wait_ms / 1000
 
     def _bypass(self, ctx: RequestContext, error: bool = False) -> Lookup:
-        ctx.cache = "bypass"
+        ctx.cache.result = "bypass"
         self.stats.bypass += 1
         if error:
             self.stats.error += 1
-            ctx.cache_error = True
+            ctx.cache.error = True
         ctx.response_headers.append((b"x-gateway-cache", b"BYPASS"))
         return NOTHING
 
-    async def lookup(self, ctx: RequestContext) -> Lookup:
+    async def lookup(self, ctx: RequestContext, call: Call) -> Lookup:
         """The router hop's cache step (timed on the Timeline as the ``cache lookup`` span)."""
         store = self.store
         if store is None:
             return NOTHING
-        payload = ctx.payload
-        assert payload is not None and ctx.operation is not None
-        if not is_cacheable(ctx.operation, payload, self.cfg.mode):
+        payload = call.payload
+        if not is_cacheable(call.operation, payload, self.cfg.mode):
             return self._bypass(ctx)
         directives = parse_cache_control(ctx.cache_control) if ctx.cache_control else NO_DIRECTIVES
         if directives.no_store:
@@ -116,17 +120,20 @@ class ResponseCache:
             path=ctx.path,
             query=ctx.query,
             payload=payload,
-            scope=None if self.cfg.scope == "global" else credential_scope(ctx),
+            scope=(
+                None if self.cfg.scope == "global" else credential_scope(ctx.tenant, ctx.credential)
+            ),
             headers=ctx.forwarded_org,
         )
-        ctx.cache_lookup_start = time.perf_counter()
+        outcome = ctx.cache
+        outcome.lookup_start = time.perf_counter()
         try:
             token: str | None = None
             other_leader = False
             if not directives.no_cache:
                 flight = self.flights.get(key)
                 if flight is not None:
-                    ctx.cache_key = key
+                    outcome.key = key
                     return Lookup(follow=flight)
                 try:
                     if self._locks:  # one round trip: the entry, or else the replicas' lock
@@ -146,29 +153,28 @@ class ResponseCache:
                 entry = await self._from_other_replica(key)
                 if entry is not None:
                     return self._hit(ctx, entry)
-            plan = self._miss(ctx, key)
+            plan = self._miss(ctx, call, key)
             plan.lock_token = token
             return Lookup(plan=plan)
         finally:
-            ctx.cache_lookup_end = time.perf_counter()
+            outcome.lookup_end = time.perf_counter()
 
-    def _miss(self, ctx: RequestContext, key: str) -> CachePlan:
+    def _miss(self, ctx: RequestContext, call: Call, key: str) -> CachePlan:
         self.stats.miss += 1
-        ctx.cache = "miss"
+        ctx.cache.result = "miss"
         ctx.response_headers.append((b"x-gateway-cache", b"MISS"))
         plan = CachePlan(key)
         if self.flights.get(key) is None:
-            plan.flight = self.flights.lead(key, ctx.stream)
-        if ctx.stream:
-            assert ctx.operation is not None
-            plan.collector = StreamCollector(ctx.operation, self.cfg.max_entry_bytes)
+            plan.flight = self.flights.lead(key, call.stream)
+        if call.stream:
+            plan.collector = StreamCollector(call.operation, self.cfg.max_entry_bytes)
         return plan
 
-    def plan_for_follower(self, ctx: RequestContext) -> CachePlan | None:
+    def plan_for_follower(self, ctx: RequestContext, call: Call) -> CachePlan | None:
         """The leader a request followed produced nothing to share: it goes upstream itself."""
-        if ctx.cache_key is None:
+        if ctx.cache.key is None:
             return None
-        return self._miss(ctx, ctx.cache_key)
+        return self._miss(ctx, call, ctx.cache.key)
 
     def _hit(self, ctx: RequestContext, entry: Entry) -> Lookup:
         self.followed(ctx, entry)
@@ -186,7 +192,7 @@ class ResponseCache:
     def followed(self, ctx: RequestContext, entry: Entry | None) -> None:
         """A follower shares the leader's answer: a hit (it makes no upstream call)."""
         self.stats.hit += 1
-        ctx.cache = "hit"
+        ctx.cache.result = "hit"
         age = max(0, int(time.time() - entry.stored_at)) if entry is not None else 0
         ctx.response_headers.append((b"x-gateway-cache", b"HIT"))
         ctx.response_headers.append((b"age", str(age).encode()))
@@ -199,10 +205,11 @@ class ResponseCache:
         error_event: bytes | None = None,
     ) -> None:
         """After the response: store a complete, valid answer; release followers and the lock."""
+        outcome = ctx.cache
         try:
             if entry is not None and len(entry.body) <= self.cfg.max_entry_bytes:
                 assert self.store is not None
-                ctx.cache_store_start = time.perf_counter()
+                outcome.store_start = time.perf_counter()
                 try:
                     value = entry.encode()
                     if len(value) <= self.cfg.max_entry_bytes:
@@ -211,12 +218,12 @@ class ResponseCache:
                             await self.store.set_and_unlock(plan.key, value, self._ttl, token)
                         else:
                             await self.store.set(plan.key, value, self._ttl)
-                        ctx.cache_stored = len(value)
+                        outcome.stored = len(value)
                 except CacheUnavailable:
                     self.stats.error += 1
-                    ctx.cache_error = True
+                    outcome.error = True
                 finally:
-                    ctx.cache_store_end = time.perf_counter()
+                    outcome.store_end = time.perf_counter()
         finally:
             self._finish_flight(plan, entry, error_event)
             if plan.lock_token is not None and self.store is not None:
@@ -248,10 +255,12 @@ class ResponseCache:
             await self.store.aclose()
 
 
-def json_entry(ctx: RequestContext, body: bytes) -> Entry | None:
+def json_entry(ctx: RequestContext, call: Call, body: bytes) -> Entry:
     """An entry from a complete non-stream 200 answer."""
-    assert ctx.operation is not None
-    return Entry(time.time(), ctx.operation, body, None, (ctx.input_tokens, ctx.output_tokens))
+    answer = ctx.answer
+    return Entry(
+        time.time(), call.operation, body, None, (answer.input_tokens, answer.output_tokens)
+    )
 
 
 class StreamTee:

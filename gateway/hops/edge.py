@@ -10,28 +10,18 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import time
+from collections.abc import AsyncIterator
 
 from gateway.config import EdgeConfig
 from gateway.context import RequestContext, Timeline
 from gateway.encoding import request_body_decoder
-from gateway.errors import PayloadTooLarge
+from gateway.errors import ClientGone, PayloadTooLarge
+from gateway.headers import HOP_BY_HOP
 from gateway.memo import remember
 from gateway.types import Receive, Scope
 
-#: RFC 9110 §7.6.1 plus the legacy ones SPEC §5 names
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"transfer-encoding",
-        b"upgrade",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-        b"trailer",
-    }
-)
+__all__ = ["HOP_BY_HOP", "Edge", "read_body"]
 # Request headers the edge consumes instead of forwarding verbatim.
 _CONSUMED = HOP_BY_HOP | {
     b"host",
@@ -258,6 +248,7 @@ async def read_body(ctx: RequestContext, receive: Receive, limit: int) -> bytes:
     if decoder is None and not message.get("more_body", False):
         if len(body) > limit:
             raise _too_large(limit)
+        ctx.timeline.body_received = time.perf_counter()
         return body
     parts: list[bytes] = []
     size = 0
@@ -275,6 +266,7 @@ async def read_body(ctx: RequestContext, receive: Receive, limit: int) -> bytes:
         body = message.get("body", b"")
     if decoder is not None:
         parts.append(decoder.flush())
+    ctx.timeline.body_received = time.perf_counter()
     return b"".join(parts)
 
 
@@ -284,5 +276,36 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
-class ClientGone(Exception):
-    """The client went away before the answer was complete (logged as status 499)."""
+def stream_body(ctx: RequestContext, receive: Receive, limit: int) -> AsyncIterator[bytes] | None:
+    """The request body as an async iterator, for passthrough (None when there is none).
+
+    Bounded like :func:`read_body` (413 past ``limit``), but never held whole.
+    """
+    has_body = False
+    for name, value in ctx.scope["headers"]:
+        if name == b"content-length":
+            if value.isdigit() and int(value) > limit:
+                raise _too_large(limit)
+            has_body = value != b"0"
+        elif name == b"transfer-encoding":
+            has_body = True
+    if not has_body:
+        return None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                ctx.disconnected = True
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+
+    return chunks()

@@ -11,62 +11,68 @@ that the backend is given up for this request and the next one (fallback) is tri
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
-from collections.abc import Callable
-from urllib.parse import urlsplit
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
-from gateway.config import BackendConfig
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.transports import Transport, UpstreamResponse, for_backend
-from gateway.transports.base import Body, header_value
+from gateway.headers import header_value
+from gateway.routes import Backend
+from gateway.transports.base import Body, UpstreamResponse
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0
 RETRY_AFTER_CAP = 2.0
 
-
-class Backend:
-    """A configured backend with its pooled transport (made once, in the lifespan)."""
-
-    __slots__ = (
-        "auth_header",
-        "base_url",
-        "config",
-        "host",
-        "name",
-        "port",
-        "provider",
-        "transport",
-    )
-
-    def __init__(self, config: BackendConfig, environ: dict[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
-        self.config = config
-        self.name = config.name
-        self.provider = config.provider
-        self.base_url = config.url.split("?", 1)[0].rstrip("/")
-        parts = urlsplit(config.url)
-        self.host = parts.hostname or "mock"
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        key = env.get(config.api_key_env) if config.api_key_env else None
-        #: the backend's own key; the client's Authorization never goes upstream (SPEC §5)
-        self.auth_header: tuple[str, str] | None = (
-            ("authorization", f"Bearer {key}") if key else None
-        )
-        self.transport: Transport = for_backend(config)
-
-    def url_for(self, path: str, query: bytes) -> str:
-        # the request path after /v1 is appended to the configured base URL (SPEC §4)
-        url = self.base_url + path[3:]
-        return f"{url}?{query.decode('latin-1')}" if query else url
-
+_B = TypeVar("_B")
 
 #: extra headers per attempt (e.g. traceparent of the attempt's CLIENT span)
 AttemptHeaders = Callable[[RequestContext, Attempt], list[tuple[str, str]]]
+
+
+class AttemptPlan(Generic[_B]):
+    """Which backend each attempt goes to: every backend in order, ``tries`` times each.
+
+    >>> plan = AttemptPlan(("a", "b"), tries=2)
+    >>> [plan.next() for _ in range(5)]
+    ['a', 'a', 'b', 'b', None]
+    """
+
+    __slots__ = ("_backend", "_backends", "_tried", "_tries", "number")
+
+    def __init__(self, backends: Sequence[_B], tries: int) -> None:
+        self._backends = backends
+        self._tries = tries
+        self._backend = 0
+        self._tried = 0
+        #: 1-based number of the attempt last handed out
+        self.number = 0
+
+    def next(self) -> _B | None:
+        if self._tried >= self._tries:
+            self._backend += 1
+            self._tried = 0
+        if self._backend >= len(self._backends):
+            return None
+        self._tried += 1
+        self.number += 1
+        return self._backends[self._backend]
+
+    @property
+    def more(self) -> bool:
+        """Whether another attempt would follow the current one."""
+        return self._tried < self._tries or self._backend + 1 < len(self._backends)
+
+    @property
+    def on_last_backend(self) -> bool:
+        return self._backend == len(self._backends) - 1
+
+    def skip_backend(self) -> None:
+        """The next attempt goes to the next backend (fallback)."""
+        self._tried = self._tries
 
 
 def _retry_allowed(exc: GatewayError, retry_on_timeout: bool) -> bool:
@@ -91,79 +97,100 @@ def _backoff(retry_number: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (retry_number - 1)))
 
 
-async def forward(
-    ctx: RequestContext,
-    backends: tuple[Backend, ...],
-    retries: int,
-    retry_on_timeout: bool,
-    body: Body,
-    extra_headers: AttemptHeaders | None = None,
-    new_span_id: Callable[[], int] = lambda: 0,
-) -> tuple[UpstreamResponse, Attempt]:
-    """Send the request upstream; return the response to relay (headers in, body unread).
+def _is_redirect(status: int) -> bool:
+    return 300 <= status < 400 and status != 304
 
-    Raises the last attempt's :class:`GatewayError` when every attempt failed.
-    """
-    if not isinstance(body, bytes | None):
-        retries = 0  # a streamed request body can be sent once only
-        backends = backends[:1]
-    last_exc: GatewayError | None = None
-    total = len(backends) * (retries + 1)
-    number = 0
-    delay = 0.0
-    method = ctx.method
-    for b_index, backend in enumerate(backends):
-        url = backend.url_for(ctx.path, ctx.query)
-        base_headers = ctx.upstream_headers
-        if backend.auth_header is not None:
-            base_headers = [*base_headers, backend.auth_header]
-        last_backend = b_index == len(backends) - 1
-        for _ in range(retries + 1):
-            number += 1
+
+class Upstream:
+    """Sends a request upstream; one per app, no per-request state (habit 2)."""
+
+    def __init__(
+        self,
+        attempt_headers: AttemptHeaders | None = None,
+        new_span_id: Callable[[], int] = lambda: 0,
+    ) -> None:
+        #: None keeps the attempt path bare when nothing needs per-attempt headers
+        self._attempt_headers = attempt_headers
+        self._new_span_id = new_span_id
+
+    async def forward(
+        self,
+        ctx: RequestContext,
+        backends: tuple[Backend, ...],
+        body: Body,
+        retries: int = 0,
+        retry_on_timeout: bool = False,
+    ) -> tuple[UpstreamResponse, Attempt]:
+        """Return the response to relay (headers in, body unread), or raise the last
+        attempt's :class:`GatewayError` when every attempt failed."""
+        if not isinstance(body, bytes | None):
+            retries = 0  # a streamed request body can be sent once only
+            backends = backends[:1]
+        plan = AttemptPlan(backends, retries + 1)
+        delay = 0.0
+        while (backend := plan.next()) is not None:
             if delay:
                 await asyncio.sleep(delay)
-            attempt = Attempt(backend, number, new_span_id())
-            ctx.attempts.append(attempt)
-            if ctx.timeline.upstream_sent is None:
-                ctx.timeline.upstream_sent = attempt.start
-            headers = base_headers
-            if extra_headers is not None:
-                headers = [*headers, *extra_headers(ctx, attempt)]
+            attempt = self._begin(ctx, backend, plan.number)
             try:
-                resp = await backend.transport.request(method, url, headers, body)
+                resp = await backend.transport.request(
+                    ctx.method,
+                    backend.url_for(ctx.path, ctx.query),
+                    self._headers(ctx, backend, attempt),
+                    body,
+                )
             except GatewayError as exc:
-                attempt.end = time.perf_counter()
+                attempt.finished()
                 attempt.error = exc
-                last_exc = exc
-                if number < total and _retry_allowed(exc, retry_on_timeout):
-                    delay = _backoff(number)
+                if plan.more and _retry_allowed(exc, retry_on_timeout):
+                    delay = _backoff(plan.number)
                     continue
                 raise
             attempt.first_byte = time.perf_counter()
-            attempt.status = resp.status
-            if 300 <= resp.status < 400 and resp.status != 304:
-                # SPEC §13: never followed, never passed on — a key is never sent, and a client
-                # never sent, to a host that config did not name
-                await resp.aclose()
-                attempt.end = time.perf_counter()
-                attempt.error = UpstreamError(
-                    f"upstream answered {resp.status} (a redirect); redirects are not followed",
-                    code="upstream_redirect",
-                )
-                raise attempt.error
-            if resp.status in RETRYABLE_STATUS and number < total:
+            attempt.status = status = resp.status
+            if _is_redirect(status):
+                await self._refuse_redirect(resp, attempt)
+            if status in RETRYABLE_STATUS and plan.more:
                 hint = _retry_after(resp)
                 give_up = hint is not None and hint > RETRY_AFTER_CAP
-                if not (give_up and last_backend):
+                if not (give_up and plan.on_last_backend):
                     await resp.aclose()
-                    attempt.end = time.perf_counter()
-                    if give_up:  # more patience asked than we have: fall back to the next backend
-                        number = (b_index + 1) * (retries + 1)
+                    attempt.finished()
+                    if give_up:  # more patience asked than we have: the next backend
+                        plan.skip_backend()
                         delay = 0.0
-                        break
-                    delay = hint if hint is not None else _backoff(number)
+                    else:
+                        delay = hint if hint is not None else _backoff(plan.number)
                     continue
             ctx.timeline.upstream_first_byte = attempt.first_byte
             return resp, attempt
-    assert last_exc is not None  # pragma: no cover - the last attempt returns or raises
-    raise last_exc
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _begin(self, ctx: RequestContext, backend: Backend, number: int) -> Attempt:
+        attempt = Attempt(backend, number, self._new_span_id())
+        ctx.attempts.append(attempt)
+        if ctx.timeline.upstream_sent is None:
+            ctx.timeline.upstream_sent = attempt.start
+        return attempt
+
+    def _headers(
+        self, ctx: RequestContext, backend: Backend, attempt: Attempt
+    ) -> list[tuple[str, str]]:
+        headers = ctx.upstream_headers
+        if backend.auth_header is not None:
+            headers = [*headers, backend.auth_header]
+        if self._attempt_headers is not None:
+            headers = [*headers, *self._attempt_headers(ctx, attempt)]
+        return headers
+
+    @staticmethod
+    async def _refuse_redirect(resp: UpstreamResponse, attempt: Attempt) -> None:
+        # SPEC §13: never followed, never passed on — a key is never sent, and a client
+        # never sent, to a host that config did not name
+        await resp.aclose()
+        attempt.finished()
+        attempt.error = UpstreamError(
+            f"upstream answered {resp.status} (a redirect); redirects are not followed",
+            code="upstream_redirect",
+        )
+        raise attempt.error

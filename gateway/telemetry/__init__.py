@@ -1,0 +1,64 @@
+"""Telemetry from one Timeline (SPEC §6, §7, §11): headers at start, spans and logs at the end.
+
+:class:`Telemetry` is the one place the request path talks to: :meth:`Telemetry.begin` fixes the
+trace ids as the request arrives, :meth:`Telemetry.headers_at_start` is the response writer's
+header hook (``Server-Timing``, ``traceresponse``), and :meth:`Telemetry.finish` hands the
+finished request to every sink (spans, access log, ...), each reading the same Timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gateway.context import RequestContext
+from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.server_timing import edge_intervals, server_timing
+from gateway.telemetry.spans import EdgeHop
+from gateway.telemetry.tracing import Tracing
+from gateway.types import RawHeaders
+
+#: something told about every finished request (metrics, the live view, ...)
+Sink = Callable[[RequestContext, list[EdgeHop]], None]
+
+
+class Telemetry:
+    def __init__(self, tracing: Tracing, access_log: AccessLog, sinks: Sequence[Sink] = ()) -> None:
+        self.tracing = tracing
+        self.access_log = access_log
+        self._sinks = tuple(sinks)
+        self._traced = tracing.enabled
+        self._capture = tracing.capture_content
+
+    def begin(self, ctx: RequestContext) -> None:
+        """Trace ids for a new request; when not tracing, stay transparent to the client's."""
+        if self._traced:
+            self.tracing.begin(ctx, ctx.incoming_trace)
+            if self._capture:
+                ctx.answer.captured = []
+        elif ctx.incoming_trace is not None:
+            tp, ts = ctx.incoming_trace
+            ctx.upstream_headers.append(("traceparent", tp.decode("latin-1")))
+            if ts:
+                ctx.upstream_headers.append(("tracestate", ts.decode("latin-1")))
+
+    def headers_at_start(self, ctx: RequestContext) -> RawHeaders:
+        """Headers derived from the Timeline as the response starts (SPEC §6)."""
+        headers: RawHeaders = [(b"server-timing", server_timing(ctx, edge_intervals(ctx)))]
+        if self._traced:
+            tr = self.tracing.traceresponse(ctx)
+            if tr is not None:
+                headers.append(tr)
+        return headers
+
+    def finish(self, ctx: RequestContext) -> None:
+        edges = edge_intervals(ctx)
+        self.tracing.finish(ctx, edges)
+        self.access_log.record(ctx)
+        for sink in self._sinks:
+            sink(ctx, edges)
+
+    def shutdown(self) -> None:
+        self.tracing.shutdown()
+
+
+__all__ = ["Sink", "Telemetry"]

@@ -40,7 +40,7 @@ class AccessLog:
         if self.mode == "off":
             return False
         return (
-            not 200 <= ctx.status < 300
+            not 200 <= ctx.answer.status < 300
             or ctx.request_time() >= self.slow_s
             or random.random() < self.ratio
         )
@@ -52,6 +52,8 @@ class AccessLog:
 
 def line(ctx: RequestContext) -> dict[str, Any]:
     trace = ctx.trace
+    answer = ctx.answer
+    call = ctx.call
     request_s = ctx.request_time()
     upstream_s = ctx.upstream_time(ctx.timeline.done)
     ttft = ctx.ttft()
@@ -63,21 +65,21 @@ def line(ctx: RequestContext) -> dict[str, Any]:
         "request_id": ctx.request_id,
         "method": ctx.method,
         "path": ctx.path,
-        "status": ctx.status,
+        "status": answer.status,
         "model": ctx.model,
-        "route": ctx.route.name if ctx.route is not None else None,
+        "route": call.route.name if call is not None else None,
         "backend": last.backend.name if last is not None else None,
         "attempts": len(ctx.attempts),
         "tenant": ctx.tenant,
-        "cache": ctx.cache,
-        "stream": ctx.stream,
+        "cache": ctx.cache.result,
+        "stream": call.stream if call is not None else False,
         "client": ctx.client_address,
         "request_time_ms": round(request_s * 1000, 3),
         "upstream_time_ms": round(upstream_s * 1000, 3),
         "overhead_ms": round(max(0.0, request_s - upstream_s) * 1000, 3),
         "ttft_ms": round(ttft * 1000, 3) if ttft is not None else None,
-        "tokens": {"input": ctx.input_tokens, "output": ctx.output_tokens},
+        "tokens": {"input": answer.input_tokens, "output": answer.output_tokens},
     }
-    if ctx.error is not None:
-        out["error_type"] = ctx.error.code or ctx.error.type
+    if answer.error is not None:
+        out["error_type"] = answer.error.code or answer.error.type
     return out

@@ -49,7 +49,7 @@ def server_timing(ctx: RequestContext, edges: list[EdgeInterval]) -> bytes:
             parts.append(f"auth;dur={a_ms:.3f}, router;dur={r_ms:.3f}")
         else:
             parts.append(f"auth;dur={(auth - t.received) * 1000:.3f}")
-    parts.append("cache;desc=" + ctx.cache)
+    parts.append("cache;desc=" + ctx.cache.result)
     if ctx.attempts:
         upstream = ctx.upstream_time(now)
         gateway = max(0.0, (now - t.received) - upstream)

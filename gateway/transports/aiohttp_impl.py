@@ -109,7 +109,7 @@ class AiohttpTransport:
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body
     ) -> AiohttpResponse:
         with map_upstream_errors():
-            resp = await self._session._request(
+            resp = await self._session.request(
                 method, url, headers=headers, data=body, allow_redirects=False
             )
         return AiohttpResponse(resp)

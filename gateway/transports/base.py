@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Protocol
 
+from gateway.headers import header_value
 from gateway.types import RawHeaders
+
+__all__ = ["Body", "Transport", "UpstreamResponse", "header_value"]
 
 Body = bytes | AsyncIterable[bytes] | None
 
@@ -43,10 +46,3 @@ class Transport(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-def header_value(headers: RawHeaders, name: bytes) -> bytes | None:
-    for k, v in headers:
-        if k == name:
-            return v
-    return None

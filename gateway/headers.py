@@ -1,0 +1,63 @@
+"""Header helpers every layer shares: the hop-by-hop set, lookup and copying (SPEC §5).
+
+Header names are lower-case bytes everywhere inside the gateway (ASGI gives them so; the
+transports lower-case the upstream's).
+
+>>> header_value([(b"content-type", b"text/plain")], b"content-type")
+b'text/plain'
+>>> copy_headers([(b"connection", b"x-a"), (b"x-a", b"1"), (b"x-b", b"2")])
+[(b'x-b', b'2')]
+"""
+
+from __future__ import annotations
+
+from gateway.types import RawHeaders
+
+#: RFC 9110 §7.6.1 plus the legacy ones SPEC §5 names: never forwarded in either direction
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"trailer",
+    }
+)
+#: response headers never copied from the upstream (the gateway sets its own)
+DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+#: answers the gateway encodes itself vary by Accept-Encoding (SPEC §9)
+VARY = (b"vary", b"Accept-Encoding")
+
+
+def header_value(headers: RawHeaders, name: bytes) -> bytes | None:
+    """The first value of ``name`` (lower-case), or None."""
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
+
+
+def copy_headers(upstream: RawHeaders, drop: frozenset[bytes] = DROP_RESPONSE) -> RawHeaders:
+    """The upstream's response headers minus ``drop`` and whatever its Connection names."""
+    out: RawHeaders = []
+    connection_named: set[bytes] = set()
+    for k, v in upstream:
+        if k == b"connection":
+            connection_named.update(t.strip().lower() for t in v.split(b","))
+        elif k not in drop:
+            if k == b"vary" and v.strip().lower() == b"accept-encoding":
+                continue  # the gateway sends its own
+            out.append((k, v))
+    if connection_named:
+        out = [(k, v) for k, v in out if k not in connection_named]
+    return out
+
+
+def upstream_request_id(upstream: RawHeaders) -> RawHeaders:
+    """The upstream's own x-request-id, returned to the client as ``x-upstream-request-id``."""
+    v = header_value(upstream, b"x-request-id")
+    return [(b"x-upstream-request-id", v)] if v is not None else []

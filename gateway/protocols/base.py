@@ -1,0 +1,108 @@
+"""What the gateway needs to know about one model API (SPEC §5, §8).
+
+Each routed endpoint (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, and the
+later ones) has one :class:`Api`: how its body is validated, how the route's policies apply, how
+usage and ids are read from its answers, and how its streams end and are cut. The router, the
+relays and the cache ask it instead of knowing any API themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.config import RouteConfig
+from gateway.context import Answer
+from gateway.errors import InvalidRequest, UpstreamStreamError
+
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
+_NUM_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+class Api:
+    #: gen_ai.operation.name
+    operation = ""
+    #: answers may be cached (SPEC §10)
+    cacheable = False
+    #: fields that cap the completion length (the first one is set when none is present)
+    max_tokens_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+
+    # ------------------------------------------------------------ requests
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        """Raise :class:`InvalidRequest` for a body the upstream would refuse anyway (SPEC §5)."""
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest(
+                "'model' is required and must be a non-empty string", code="invalid_model"
+            )
+        stream = payload.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise InvalidRequest("'stream' must be a boolean", code="invalid_type")
+        opts = payload.get("stream_options")
+        if opts is not None and not isinstance(opts, dict):
+            raise InvalidRequest("'stream_options' must be an object", code="invalid_type")
+        for key in _INT_FIELDS:
+            v = payload.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise InvalidRequest(f"'{key}' must be an integer", code="invalid_type")
+        for key in ("max_tokens", "max_completion_tokens", "n"):
+            v = payload.get(key)
+            if v is not None and v < 1:
+                raise InvalidRequest(f"'{key}' must be at least 1", code="invalid_value")
+        for key in _NUM_FIELDS:
+            v = payload.get(key)
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
+                raise InvalidRequest(f"'{key}' must be a number", code="invalid_type")
+
+    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
+        """Apply ``max_tokens_cap`` and ``history_window`` in place; return what changed."""
+        notes: dict[str, Any] = {}
+        if cfg.max_tokens_cap is not None:
+            cap_tokens(payload, cfg.max_tokens_cap, self.max_tokens_fields, notes)
+        return notes
+
+    # ------------------------------------------------------------ answers
+
+    def note_answer(self, answer: Answer, obj: Any) -> bool:
+        """Record id/model/usage/finish reasons from an answer or a stream event's JSON.
+
+        Returns True when the object carries content (time to first token counts from it).
+        """
+        return False
+
+    def note_json_body(self, answer: Answer, body: bytes) -> None:
+        """Read usage (and ids) from a complete JSON answer."""
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        self.note_answer(answer, obj)
+
+    # ------------------------------------------------------------ streams (SPEC §8)
+
+    def is_end(self, raw: bytes, data: bytes | None, obj: Any) -> bool:
+        """Whether this event is the stream's end marker (nothing after it is relayed)."""
+        return data == b"[DONE]"
+
+    def error_event(self, cut: UpstreamStreamError) -> bytes:
+        """The event a cut stream ends with, so this API's SDK raises."""
+        return cut.sse_event()
+
+    #: what a complete stream ends with, for error messages
+    end_marker = "data: [DONE]"
+
+
+def cap_tokens(
+    payload: dict[str, Any], cap: int, fields: tuple[str, ...], notes: dict[str, Any]
+) -> None:
+    """``max_tokens_cap`` (SPEC §12): clamp the fields present, or set the first when none is."""
+    present = [k for k in fields if payload.get(k) is not None]
+    for key in present:
+        if payload[key] > cap:
+            notes[f"policy.{key}"] = f"{payload[key]}->{cap}"
+            payload[key] = cap
+    if not present:
+        payload[fields[0]] = cap
+        notes[f"policy.{fields[0]}"] = f"unset->{cap}"

@@ -1,0 +1,147 @@
+"""OpenAI's chat completions, completions and embeddings APIs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.config import RouteConfig
+from gateway.context import Answer
+from gateway.errors import InvalidRequest
+from gateway.protocols.base import Api
+
+#: JSON answers bigger than this are embeddings: only their trailing usage object is parsed
+_SMALL_BODY = 64 * 1024
+
+
+def note_choices(answer: Answer, obj: dict[str, Any]) -> bool:
+    """id/model/usage/finish reasons of a chat or completion object or chunk; True on content."""
+    if answer.response_id is None and isinstance(obj.get("id"), str):
+        answer.response_id = obj["id"]
+    if answer.response_model is None and isinstance(obj.get("model"), str):
+        answer.response_model = obj["model"]
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        answer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    content = False
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return False
+    captured = answer.captured
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        fr = choice.get("finish_reason")
+        if isinstance(fr, str):
+            if answer.finish_reasons is None:
+                answer.finish_reasons = []
+            answer.finish_reasons.append(fr)
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            text = delta.get("content")
+            if (
+                text
+                or delta.get("tool_calls")
+                or delta.get("refusal")
+                or delta.get("reasoning_content")
+            ):
+                content = True
+        else:
+            text = choice.get("text")
+            if text:
+                content = True
+            message = choice.get("message")
+            if isinstance(message, dict):
+                text = message.get("content")
+        if captured is not None and isinstance(text, str) and text:
+            captured.append(text)
+    return content
+
+
+class _OpenAIApi(Api):
+    def note_answer(self, answer: Answer, obj: Any) -> bool:
+        return note_choices(answer, obj) if isinstance(obj, dict) else False
+
+    def note_json_body(self, answer: Answer, body: bytes) -> None:
+        if len(body) <= _SMALL_BODY:
+            super().note_json_body(answer, body)
+            return
+        # Large bodies are embeddings: parse only the usage object at the end, not 1536 floats.
+        i = body.rfind(b'"usage"')
+        j = body.find(b"{", i) if i >= 0 else -1
+        k = body.find(b"}", j) if j >= 0 else -1
+        if k > j >= 0:
+            try:
+                usage = orjson.loads(body[j : k + 1])
+            except orjson.JSONDecodeError:
+                return
+            if isinstance(usage, dict):
+                answer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+class ChatCompletions(_OpenAIApi):
+    operation = "chat"
+    cacheable = True
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        super().validate(payload)
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequest("'messages' must be a non-empty array", code="invalid_messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise InvalidRequest(
+                    f"'messages[{i}]' must be an object with a string 'role'",
+                    code="invalid_messages",
+                )
+
+    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
+        notes = super().apply_policies(payload, cfg)
+        if cfg.history_window is not None:
+            window_messages(payload, "messages", cfg.history_window, notes)
+        return notes
+
+
+def window_messages(
+    payload: dict[str, Any], field: str, window: int, notes: dict[str, Any]
+) -> None:
+    """``history_window`` (SPEC §12): system/developer messages plus the last ``window`` others."""
+    messages: list[Any] = payload[field]
+    system = [m for m in messages if m.get("role") in ("system", "developer")]
+    rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    if len(rest) <= window:
+        return
+    kept = rest[-window:]
+    # a tool result cannot open the window: its assistant tool_calls turn was cut off
+    while kept and kept[0].get("role") == "tool":
+        kept.pop(0)
+    keep_ids = {id(m) for m in system} | {id(m) for m in kept}
+    payload[field] = [m for m in messages if id(m) in keep_ids]
+    notes["policy.history_window"] = f"{len(messages)}->{len(payload[field])}"
+
+
+class Completions(_OpenAIApi):
+    operation = "text_completion"
+    cacheable = True
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        super().validate(payload)
+        if not isinstance(payload.get("prompt"), str | list):
+            raise InvalidRequest("'prompt' must be a string or an array", code="invalid_prompt")
+
+
+class Embeddings(_OpenAIApi):
+    operation = "embeddings"
+    cacheable = True
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        super().validate(payload)
+        value = payload.get("input")
+        if not isinstance(value, str | list) or value in ("", []):
+            raise InvalidRequest(
+                "'input' must be a non-empty string or array", code="invalid_input"
+            )
+
+    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
+        return {}  # no completion to cap, no history to window

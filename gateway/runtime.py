@@ -1,0 +1,97 @@
+"""The Runtime: everything a request needs, built once in the lifespan, never changed after.
+
+Per-request state lives in the request's context (:mod:`gateway.context`), never here
+(DESIGN habit 2): the runtime holds only what is shared and made once — pooled transports,
+the router, the cache, telemetry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.cache.service import ResponseCache, make_store
+from gateway.config import Config
+from gateway.hops.auth import Auth
+from gateway.hops.edge import Edge
+from gateway.hops.router import Router
+from gateway.hops.upstream import Upstream
+from gateway.routes import Backend, Route
+from gateway.scope import RequestScope
+from gateway.telemetry import Telemetry
+from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.tracing import Tracing
+from gateway.transports import for_backend
+from gateway.types import Scope, Send
+
+log = logging.getLogger("gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    config: Config
+    edge: Edge
+    auth: Auth
+    router: Router
+    upstream: Upstream
+    backends: Mapping[str, Backend]
+    cache: ResponseCache
+    telemetry: Telemetry
+    max_body: int
+
+    def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
+        """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""
+        return RequestScope(self.edge, self.telemetry, scope, send, vary)
+
+    @property
+    def tracing(self) -> Tracing:
+        return self.telemetry.tracing
+
+    async def aclose(self) -> None:
+        await asyncio.gather(
+            *(b.transport.aclose() for b in self.backends.values()), return_exceptions=True
+        )
+        await self.cache.aclose()
+        # the export thread may wait on a dead collector: keep the loop free meanwhile
+        await asyncio.to_thread(self.telemetry.shutdown)
+
+
+def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> Runtime:
+    """Pools, router, cache (it connects lazily: a dead Redis never stops a start), telemetry."""
+    env = os.environ if environ is None else environ
+    logging.getLogger("gateway").setLevel(config.logging.level.upper())
+    auth = Auth()
+    tracing = Tracing(
+        config.tracing,
+        edge_hop_count=len(config.edge.hops),
+        cache_backend=config.cache.backend,
+        auth_mode=auth.mode,
+    )
+    backends: dict[str, Backend] = {}
+    for cfg in config.backends:
+        if cfg.api_key_env and not env.get(cfg.api_key_env):
+            log.warning(
+                "backend %s: env var %s is not set; no key is sent upstream",
+                cfg.name,
+                cfg.api_key_env,
+            )
+        backends[cfg.name] = Backend(cfg, for_backend(cfg), env)
+    routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)
+    # not tracing: no per-attempt header hook and no span ids, a bare attempt path
+    upstream = (
+        Upstream(tracing.attempt_headers, tracing.new_span_id) if tracing.enabled else Upstream()
+    )
+    return Runtime(
+        config=config,
+        edge=Edge(config.edge),
+        auth=auth,
+        router=Router(routes),
+        upstream=upstream,
+        backends=backends,
+        cache=ResponseCache(config.cache, make_store(config.cache)),
+        telemetry=Telemetry(tracing, AccessLog(config.logging)),
+        max_body=config.server.max_body_bytes,
+    )

@@ -1,0 +1,297 @@
+"""The SSE relay (SPEC §8): one upstream stream to one client, event by event.
+
+A relay is a small state machine, one object per stream (DESIGN habit 2)::
+
+    awaiting_first ──first event sent──▶ streaming ──end marker──▶ done
+          │                                  │
+          │ upstream fails / ends early      ├── upstream fails, ends early, idles ──▶ cut
+          ▼                                  │
+      (an ordinary 502/504: nothing sent)    └── client disconnects ──────────────────▶ gone
+
+Headers go out with the first event, so until then a failure is still a clean 502 (or 504
+when idle). After that a cut stream ends with the API's own error event (``data: {"error":
+…}`` for chat) so SDKs raise instead of returning a silently short answer; a client that goes
+away cancels the upstream read at once (the connection is closed, not pooled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+import orjson
+
+from gateway.context import Attempt, RequestContext, Timeline
+from gateway.encoding import Encoder, make_encoder
+from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
+from gateway.headers import DROP_RESPONSE, copy_headers, header_value, upstream_request_id
+from gateway.protocols import Api
+from gateway.streaming.bodies import decode_end, decode_step, stream_decoder, upstream_finished
+from gateway.streaming.sse import SSEParser, event_data
+from gateway.transports.base import UpstreamResponse
+from gateway.types import RawHeaders, Receive
+from gateway.writer import ResponseWriter
+
+_T = TypeVar("_T")
+
+SSE_HEADERS: RawHeaders = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_DROP_SSE = DROP_RESPONSE | {b"content-type", b"cache-control", b"content-encoding"}
+
+#: fed every relayed event: (raw event, its data, its parsed JSON) — the cache's tee
+Tee = Callable[[bytes, "bytes | None", Any], None]
+
+
+class State(enum.Enum):
+    AWAITING_FIRST = "awaiting_first"
+    STREAMING = "streaming"
+    DONE = "done"
+    CUT = "cut"
+    GONE = "gone"
+
+
+class SSERelay:
+    __slots__ = (
+        "_decoder",
+        "_encoder",
+        "_parser",
+        "api",
+        "attempt",
+        "ctx",
+        "cut",
+        "idle_timeout",
+        "out",
+        "resp",
+        "state",
+        "tee",
+    )
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        api: Api,
+        resp: UpstreamResponse,
+        attempt: Attempt,
+        out: ResponseWriter,
+        idle_timeout: float,
+        tee: Tee | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.api = api
+        self.resp = resp
+        self.attempt = attempt
+        self.out = out
+        self.idle_timeout = idle_timeout
+        self.tee = tee
+        self.state = State.AWAITING_FIRST
+        self.cut: UpstreamStreamError | None = None
+        self._parser = SSEParser()
+        self._decoder = stream_decoder(header_value(resp.headers, b"content-encoding"))
+        self._encoder: Encoder = make_encoder(ctx.coding, stream=True)
+
+    async def run(self, receive: Receive) -> UpstreamStreamError | None:
+        """Relay until done, cut or the client is gone; returns the cut, if any."""
+        try:
+            self._check_head()
+        except GatewayError:
+            await self._close_upstream()
+            raise
+        await until_disconnect(self.ctx, receive, self._pump(), cleanup=self._close_upstream)
+        if self.ctx.disconnected:
+            self._on_client_gone()
+        return self.cut
+
+    def _check_head(self) -> None:
+        ctype = header_value(self.resp.headers, b"content-type") or b""
+        if not ctype.lower().startswith(b"text/event-stream"):
+            raise UpstreamError(
+                f"upstream answered a streaming request with content-type "
+                f"{ctype.decode('latin-1') or 'none'!r}, not text/event-stream",
+                code="upstream_bad_content_type",
+            )
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self.idle_timeout
+        decoder = self._decoder
+        try:
+            async with asyncio.timeout(timeout) as idle:
+                async for received in self.resp.aiter_raw():
+                    chunk = received if decoder is None else decode_step(decoder, received)
+                    events = self._parser.feed(chunk)
+                    if events:
+                        await self._on_events(events)
+                        if self.state is State.DONE:
+                            break
+                    idle.reschedule(loop.time() + timeout)
+                if decoder is not None and self.state is not State.DONE:
+                    self._parser.feed(decode_end(decoder))
+        except TimeoutError:
+            self._on_idle()
+        except (UpstreamError, UpstreamTimeout) as exc:
+            self._on_upstream_error(exc)
+        else:
+            if self.state is not State.DONE:
+                self._on_upstream_end()
+        upstream_finished(self.ctx, self.attempt)
+        await self._finish()
+
+    # ------------------------------------------------------------ transitions
+
+    async def _on_events(self, events: list[bytes]) -> None:
+        """Forward complete events (one write, one flush); the end marker ends the relay."""
+        ctx = self.ctx
+        api = self.api
+        answer = ctx.answer
+        timeline = ctx.timeline
+        tee = self.tee
+        now = time.perf_counter()
+        out: list[bytes] = []
+        for raw in events:
+            data = event_data(raw)
+            obj: Any = None
+            if data is not None and data[:1] == b"{":
+                try:
+                    obj = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    obj = None
+                if api.note_answer(answer, obj) and timeline.first_content is None:
+                    timeline.first_content = now
+            out.append(raw)
+            if tee is not None:
+                tee(raw, data, obj)
+            if api.is_end(raw, data, obj):
+                self.state = State.DONE  # nothing after the end marker is part of the answer
+                break
+        if timeline.last_event is not None:
+            if timeline.event_gaps is None:
+                timeline.event_gaps = []
+            timeline.event_gaps.append(now - timeline.last_event)
+        timeline.last_event = now
+        if not self.out.started:
+            headers = list(SSE_HEADERS)
+            headers.extend(copy_headers(self.resp.headers, _DROP_SSE))
+            headers.extend(upstream_request_id(self.resp.headers))
+            headers.extend(self._encoder.headers)
+            await self.out.start(200, headers)
+            if self.state is State.AWAITING_FIRST:
+                self.state = State.STREAMING
+        encoder = self._encoder
+        await self.out.body(encoder.encode(b"".join(out)) + encoder.flush(), more=True)
+
+    def _on_upstream_end(self) -> None:
+        what = f"ended without {self.api.end_marker}"
+        if self._parser.pending.strip():
+            what = "ended in the middle of an event"
+        self._cut(UpstreamStreamError(f"upstream stream {what}"))
+
+    def _on_idle(self) -> None:
+        self._cut(
+            UpstreamStreamError(
+                f"upstream stream was idle for more than {self.idle_timeout:g} s",
+                code="upstream_stream_idle_timeout",
+            )
+        )
+
+    def _on_upstream_error(self, exc: UpstreamError | UpstreamTimeout) -> None:
+        if self.state is State.AWAITING_FIRST:
+            raise exc  # nothing reached the client: an ordinary 502/504
+        self._cut(UpstreamStreamError(f"upstream stream broke: {exc.message}"))
+
+    def _on_client_gone(self) -> None:
+        self.state = State.GONE
+
+    def _cut(self, cut: UpstreamStreamError) -> None:
+        self.cut = cut
+        if self.state is State.AWAITING_FIRST:
+            raise cut_to_http(cut)
+        self.state = State.CUT
+
+    async def _finish(self) -> None:
+        encoder = self._encoder
+        if self.cut is not None:
+            self.ctx.answer.error = self.cut
+            tail = encoder.encode(self.api.error_event(self.cut)) + encoder.finish()
+        else:
+            tail = encoder.finish()
+        await self.out.body(tail)
+
+    async def _close_upstream(self) -> None:
+        upstream_finished(self.ctx, self.attempt)
+        await self.resp.aclose()
+
+
+def cut_to_http(cut: UpstreamStreamError) -> GatewayError:
+    """Before any byte reached the client a cut stream is an ordinary 502 (or 504 when idle)."""
+    if cut.code == "upstream_stream_idle_timeout":
+        return UpstreamTimeout(cut.message, code=cut.code)
+    return UpstreamError(cut.message, code=cut.code)
+
+
+async def replay_sse(
+    ctx: RequestContext,
+    events: AsyncIterator[bytes] | Iterable[bytes],
+    out: ResponseWriter,
+    receive: Receive,
+) -> None:
+    """A cached or followed answer as SSE: one write per event, no artificial delay."""
+
+    async def run() -> None:
+        encoder = make_encoder(ctx.coding, stream=True)
+        headers = list(SSE_HEADERS)
+        headers.extend(encoder.headers)
+        await out.start(200, headers)
+        timeline = ctx.timeline
+        if isinstance(events, AsyncIterator):
+            async for raw in events:
+                await _replayed(timeline, raw, encoder, out)
+        else:
+            for raw in events:
+                await _replayed(timeline, raw, encoder, out)
+        await out.body(encoder.finish())
+
+    await until_disconnect(ctx, receive, run())
+
+
+async def _replayed(timeline: Timeline, raw: bytes, encoder: Encoder, out: ResponseWriter) -> None:
+    if timeline.first_content is None and raw.startswith(b"data: {"):
+        timeline.first_content = time.perf_counter()
+    await out.body(encoder.encode(raw) + encoder.flush(), more=True)
+
+
+async def until_disconnect(
+    ctx: RequestContext,
+    receive: Receive,
+    work: Coroutine[Any, Any, _T],
+    cleanup: Callable[[], Awaitable[None]] | None = None,
+) -> _T | None:
+    """Run ``work`` until it ends or the client disconnects (then cancel it at once)."""
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_watch_disconnect(receive, task, ctx))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not ctx.disconnected:
+            raise
+        task.uncancel()
+        return None
+    finally:
+        watcher.cancel()
+        if cleanup is not None:
+            await cleanup()
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ctx: RequestContext) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            ctx.disconnected = True
+            task.cancel()
+            return

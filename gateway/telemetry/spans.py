@@ -1,0 +1,409 @@
+"""The span tree of one finished request, written from its Timeline (SPEC §7).
+
+One builder per span kind: edge hops (reconstructed from headers), ``hop auth``, ``hop router``
+with its ``cache lookup`` child, ``cache store``, one CLIENT span per upstream attempt, and the
+SERVER root. Runs once per sampled request on the event loop, after the response went out; it
+uses the memoised pieces of :mod:`gateway.telemetry.otlp` so only times, ids and numbers are
+encoded per request.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+from gateway.context import Attempt, RequestContext, TraceContext
+from gateway.memo import remember
+from gateway.telemetry import otlp
+
+EdgeHop = tuple[str, int, float, float]  # (hop name, hop.index, start, end) epoch seconds
+
+_a = otlp.attr
+_s = otlp.stable_attr
+_f = otlp.float_attr
+_str = otlp.str_attr
+#: sampled (W3C flag 01) + "parent is local" for every span but the root
+_FLAGS = otlp.FLAG_HAS_IS_REMOTE | 0x01
+_ZERO_ID = bytes(8)
+_GROUPS: dict[tuple[Any, ...], bytes] = {}
+_ROOT_NAMES = (
+    "http.request.method",
+    "url.path",
+    "url.scheme",
+    "http.route",
+    "http.response.status_code",
+    "client.address",
+    "gateway.cache",
+    "gateway.route",
+    "gen_ai.request.model",
+    "gateway.tenant",
+    "gateway.attempts",
+)
+_CLIENT_NAMES = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "gen_ai.request.stream",
+    "server.address",
+    "server.port",
+    "gateway.backend",
+    "gateway.attempt",
+    "http.response.status_code",
+)
+_HOP_NAMES = ("hop.name", "hop.index", "hop.source")
+_AUTH_NAMES = (*_HOP_NAMES, "gateway.auth.mode")
+_ROUTER_NAMES = (*_HOP_NAMES, "gateway.cache", "gateway.route")
+_AUTH = otlp.name_kind("hop auth", otlp.KIND_INTERNAL)
+_ROUTER = otlp.name_kind("hop router", otlp.KIND_INTERNAL)
+#: routes whose path is its own http.route; other /v1/* paths are one template
+_ROUTE_TEMPLATES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/models",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
+)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _group(key: tuple[Any, ...], names: tuple[str, ...]) -> bytes:
+    """Stable attributes as one memoised block (one dict lookup for the whole group)."""
+    got = _GROUPS.get(key)
+    if got is None:
+        encoded = b"".join(_s(n, v) for n, v in zip(names, key, strict=True) if v is not None)
+        got = remember(_GROUPS, key, encoded, 4096)
+    return got
+
+
+def _sid() -> bytes:
+    sid = random.randbytes(8)
+    while sid == _ZERO_ID:  # an all-zero span id is invalid (W3C Trace Context)
+        sid = random.randbytes(8)
+    return sid
+
+
+def route_template(path: str) -> str:
+    if path in _ROUTE_TEMPLATES:
+        return path
+    return "/v1/{path}" if path.startswith("/v1/") else path
+
+
+class _Tree:
+    """What every span of one request shares: trace id framing, root id, clock base."""
+
+    __slots__ = ("ctx", "done", "head", "received", "root_id", "tail", "under_root", "wall")
+
+    def __init__(self, ctx: RequestContext, trace: TraceContext) -> None:
+        t = ctx.timeline
+        self.ctx = ctx
+        self.received = t.received
+        self.wall = t.wall_ns
+        self.done = t.done if t.done is not None else t.received
+        self.head = otlp.span_head(trace.trace_id.to_bytes(16, "big"))
+        self.root_id = trace.root_span_id.to_bytes(8, "big")
+        self.under_root = otlp.parent_field(self.root_id)
+        self.tail = otlp.tail(otlp.STATUS_UNSET, _FLAGS)
+
+    def ns(self, t: float) -> int:
+        return self.wall + int((t - self.received) * 1e9)
+
+
+def build_spans(
+    ctx: RequestContext,
+    trace: TraceContext,
+    edge_hops: list[EdgeHop],
+    hop_base: int,
+    cache_backend: str = "memory",
+    auth_mode: str = "off",
+) -> list[bytes]:
+    """The encoded span tree of one finished request."""
+    tree = _Tree(ctx, trace)
+    spans = [_edge_span(tree, *hop) for hop in edge_hops]
+    spans.append(_auth_span(tree, hop_base + 1, auth_mode))
+    spans.extend(_router_spans(tree, hop_base + 2, cache_backend))
+    outcome = ctx.cache
+    if outcome.store_start is not None:
+        spans.append(
+            _cache_span(
+                tree,
+                tree.under_root,
+                "cache store",
+                outcome.store_start,
+                outcome.store_end or tree.done,
+                cache_backend,
+            )
+        )
+    last = ctx.attempts[-1] if ctx.attempts else None
+    spans.extend(_client_span(tree, attempt, attempt is last) for attempt in ctx.attempts)
+    spans.append(_root_span(tree, trace, edge_hops))
+    return spans
+
+
+def _edge_span(tree: _Tree, name: str, index: int, start_s: float, end_s: float) -> bytes:
+    return otlp.span_fast(
+        tree.head,
+        _sid(),
+        tree.under_root,
+        otlp.name_kind(f"hop {name}", otlp.KIND_INTERNAL),
+        int(start_s * 1e9),
+        int(end_s * 1e9),
+        (_group((name, index, "header"), _HOP_NAMES),),
+        tree.tail,
+    )
+
+
+def _auth_span(tree: _Tree, index: int, mode: str) -> bytes:
+    t = tree.ctx.timeline
+    end = t.auth_done if t.auth_done is not None else tree.done
+    attrs = [_group(("auth", index, "gateway", mode), _AUTH_NAMES)]
+    if tree.ctx.tenant is not None:
+        attrs.append(_s("gateway.tenant", tree.ctx.tenant))
+    return otlp.span_fast(
+        tree.head, _sid(), tree.under_root, _AUTH, tree.wall, tree.ns(end), attrs, tree.tail
+    )
+
+
+def _router_spans(tree: _Tree, index: int, cache_backend: str) -> list[bytes]:
+    ctx = tree.ctx
+    t = ctx.timeline
+    if t.auth_done is None:
+        return []
+    call = ctx.call
+    router_id = _sid()
+    end = t.routed
+    if end is None:
+        end = ctx.attempts[0].start if ctx.attempts else tree.done
+    route = call.route.name if call is not None else None
+    attrs = [_group(("router", index, "gateway", ctx.cache.result, route), _ROUTER_NAMES)]
+    if t.body_received is not None:
+        attrs.append(_f("gateway.body_read_ms", _ms(t.body_received - t.auth_done)))
+    if call is not None:
+        attrs.append(_s("gateway.request.body_bytes", len(call.body)))
+        attrs.extend(_a(f"gateway.{key}", value) for key, value in call.policies.items())
+    spans = [
+        otlp.span_fast(
+            tree.head,
+            router_id,
+            tree.under_root,
+            _ROUTER,
+            tree.ns(t.auth_done),
+            tree.ns(end),
+            attrs,
+            tree.tail,
+        )
+    ]
+    outcome = ctx.cache
+    if outcome.lookup_start is not None:
+        spans.append(
+            _cache_span(
+                tree,
+                otlp.parent_field(router_id),
+                "cache lookup",
+                outcome.lookup_start,
+                outcome.lookup_end or tree.done,
+                cache_backend,
+            )
+        )
+    return spans
+
+
+def _cache_span(
+    tree: _Tree, parent: bytes, name: str, start: float, end: float, backend: str
+) -> bytes:
+    outcome = tree.ctx.cache
+    attrs = [_s("gateway.cache", outcome.result), _s("gateway.cache.backend", backend)]
+    if backend == "redis":
+        attrs.append(_s("db.system.name", "redis"))
+    if outcome.error:
+        attrs.append(_s("error.type", "cache_unavailable"))
+    if outcome.stored is not None and name == "cache store":
+        attrs.append(_s("gateway.cache.entry_bytes", outcome.stored))
+    status = otlp.STATUS_ERROR if outcome.error else otlp.STATUS_UNSET
+    return otlp.span_fast(
+        tree.head,
+        _sid(),
+        parent,
+        otlp.name_kind(name, otlp.KIND_INTERNAL),
+        tree.ns(start),
+        tree.ns(end),
+        attrs,
+        otlp.tail(status, _FLAGS),
+    )
+
+
+def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
+    """One CLIENT span per upstream attempt, GenAI semantic conventions (v1.41 names)."""
+    ctx = tree.ctx
+    call = ctx.call
+    b = attempt.backend
+    model = ctx.model or ""
+    operation = call.operation if call is not None else None
+    attrs = [
+        _group(
+            (
+                operation or "http",
+                b.provider,
+                model,
+                call.stream if call is not None else False,
+                b.host,
+                b.port,
+                b.name,
+                attempt.number,
+                attempt.status,
+            ),
+            _CLIENT_NAMES,
+        )
+    ]
+    if call is not None:
+        attrs.extend(_request_attrs(call.payload))
+    status = otlp.STATUS_UNSET
+    message = ""
+    if attempt.status is not None and attempt.status >= 500:
+        status = otlp.STATUS_ERROR
+    if attempt.error is not None:
+        status = otlp.STATUS_ERROR
+        message = attempt.error.message
+        attrs.append(_s("error.type", attempt.error.code or attempt.error.type))
+    if last:
+        attrs.extend(_answer_attrs(ctx, attempt))
+        error = ctx.answer.error
+        if error is not None and ctx.timeline.client_first_byte is not None:
+            status = otlp.STATUS_ERROR  # the stream broke after the answer started
+            message = error.message
+            attrs.append(_s("error.type", error.code or error.type))
+    end = attempt.end if attempt.end is not None else tree.done
+    return otlp.span_fast(
+        tree.head,
+        attempt.span_id.to_bytes(8, "big"),
+        tree.under_root,
+        otlp.name_kind(f"{operation or ctx.method} {model}".strip(), otlp.KIND_CLIENT),
+        tree.ns(attempt.start),
+        tree.ns(end),
+        attrs,
+        otlp.tail(status, _FLAGS, message),
+    )
+
+
+def _request_attrs(payload: dict[str, Any]) -> list[bytes]:
+    attrs = []
+    v = payload.get("max_tokens")
+    if v is None:
+        v = payload.get("max_completion_tokens", payload.get("max_output_tokens"))
+    if type(v) is int:
+        attrs.append(_s("gen_ai.request.max_tokens", v))
+    v = payload.get("temperature")
+    if type(v) is int or type(v) is float:
+        attrs.append(_f("gen_ai.request.temperature", float(v)))
+    return attrs
+
+
+def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
+    """What the answering attempt got back: model, id, finish reasons, first chunk, usage."""
+    answer = ctx.answer
+    attrs = []
+    if answer.response_model:
+        attrs.append(_s("gen_ai.response.model", answer.response_model))
+    if answer.response_id:
+        attrs.append(_str("gen_ai.response.id", answer.response_id))
+    if answer.finish_reasons:
+        attrs.append(_a("gen_ai.response.finish_reasons", list(answer.finish_reasons)))
+    first = ctx.timeline.first_content
+    if first is not None:
+        attrs.append(_f("gen_ai.response.time_to_first_chunk", round(first - attempt.start, 6)))
+    if answer.input_tokens is not None:
+        attrs.append(_s("gen_ai.usage.input_tokens", answer.input_tokens))
+    if answer.output_tokens is not None:
+        attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
+    if answer.captured is not None:
+        attrs.extend(_content_attrs(ctx))
+    return attrs
+
+
+def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> bytes:
+    """The SERVER root: from the first edge hop's start (or receipt) to the last byte."""
+    ctx = tree.ctx
+    answer = ctx.answer
+    call = ctx.call
+    upstream_s = ctx.upstream_time(tree.done)
+    request_s = tree.done - tree.received
+    route = route_template(ctx.path)
+    attrs = [
+        _group(
+            (
+                ctx.method,
+                ctx.path,
+                ctx.scope.get("scheme", "http"),
+                route,
+                answer.status,
+                ctx.client_address,
+                ctx.cache.result,
+                call.route.name if call is not None else None,
+                ctx.model,
+                ctx.tenant,
+                len(ctx.attempts),
+            ),
+            _ROOT_NAMES,
+        ),
+        _f("gateway.request_time_ms", _ms(request_s)),
+        _f("gateway.upstream_time_ms", _ms(upstream_s)),
+        _f("gateway.overhead_ms", _ms(max(0.0, request_s - upstream_s))),
+        _str("gateway.request_id", ctx.request_id),
+    ]
+    ttft = ctx.ttft()
+    if ttft is not None:
+        attrs.append(_f("gateway.ttft_ms", _ms(ttft)))
+    if answer.input_tokens is not None:
+        attrs.append(_s("gen_ai.usage.input_tokens", answer.input_tokens))
+    if answer.output_tokens is not None:
+        attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
+    if ctx.edge_marks:
+        attrs.append(_a("gateway.edge.discarded", [f"{k}:{v}" for k, v in ctx.edge_marks.items()]))
+    start_ns = tree.wall
+    if edge_hops:
+        start_ns = min(start_ns, int(edge_hops[0][2] * 1e9))
+        attrs.append(_f("gateway.edge_time_ms", _ms(tree.wall / 1e9 - edge_hops[0][2])))
+    status = otlp.STATUS_ERROR if answer.status >= 500 else otlp.STATUS_UNSET
+    message = ""
+    error = answer.error
+    if error is not None:
+        attrs.append(_s("error.type", error.code or error.type))
+        message = error.message
+        if error.status >= 500:
+            status = otlp.STATUS_ERROR
+    if ctx.disconnected:
+        attrs.append(_s("gateway.client_disconnected", True))
+    flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
+    parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
+    return otlp.span_fast(
+        otlp.span_head(trace.trace_id.to_bytes(16, "big"), trace.trace_state),
+        tree.root_id,
+        otlp.parent_field(parent),
+        otlp.name_kind(f"{ctx.method} {route}", otlp.KIND_SERVER),
+        start_ns,
+        tree.wall + int(request_s * 1e9),
+        attrs,
+        otlp.tail(status, flags, message),
+    )
+
+
+def _content_attrs(ctx: RequestContext) -> list[bytes]:
+    """Prompts and completions, only with ``tracing.capture_content = true`` (SPEC §7)."""
+    out = []
+    payload = ctx.call.payload if ctx.call is not None else {}
+    prompt = payload.get("messages", payload.get("prompt", payload.get("input")))
+    if prompt is not None:
+        out.append(_a("gen_ai.input.messages", orjson.dumps(prompt).decode()))
+    if ctx.answer.captured:
+        out.append(_a("gen_ai.output.messages", "".join(ctx.answer.captured)))
+    return out
