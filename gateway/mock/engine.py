@@ -1,23 +1,53 @@
-"""The built-in OpenAI-compatible mock backend: deterministic answers, realistic pacing.
+"""The built-in mock backend: deterministic answers, realistic pacing, five APIs.
 
 Used by the embedded default (``mock://`` backends, in process), by ``gateway mock-upstream``
 (the same engine behind a real HTTP server), by the tests and by the load tests.
 
-Knobs (milliseconds / tokens per second), from the ``mock://`` URL query, the
-``mock-upstream`` CLI flags, or per request from ``x-mock-latency-ms``, ``x-mock-ttft-ms``,
-``x-mock-tokens-per-s`` headers:
+Endpoints (paths after ``/v1``): ``/chat/completions``, ``/completions``, ``/embeddings``,
+``/models`` (OpenAI), ``/responses`` (OpenAI Responses API), ``/messages`` and
+``/messages/count_tokens`` (Anthropic Messages API, with Anthropic's error shape). Each answers
+JSON, or SSE with ``"stream": true``, shaped as the official SDKs parse it; a Responses stream ends
+after its terminal event (no ``[DONE]``), a Messages stream after ``event: message_stop``.
+
+Knobs (milliseconds / tokens per second / tokens), from the ``mock://`` URL query, the
+``mock-upstream`` CLI flags (``--latency-ms``, ``--ttft-ms``, ``--tokens-per-s``), or per request
+from ``x-mock-latency-ms``, ``x-mock-ttft-ms``, ``x-mock-tokens-per-s``, ``x-mock-output-tokens``
+headers (a bad value is a 400 in the endpoint's error shape):
 
 - ``latency_ms``: before the response headers;
 - ``ttft_ms``: from the headers to the first content token;
-- ``tokens_per_s``: pace of the following tokens (0 = as fast as possible).
+- ``tokens_per_s``: pace of the following tokens (0 = as fast as possible);
+- ``output_tokens``: the length of an answer the request does not limit [12].
 
 A JSON answer takes what its stream would have: latency + ttft + tokens / tokens_per_s.
-A model named ``mock-status-NNN`` answers with HTTP status NNN and an OpenAI error body.
+A stream sends its opening events with the headers, the first token after ``ttft_ms``, then one
+event per token, then its closing events at once.
+
+Length: chat/completions and completions answer exactly ``max_tokens`` (or
+``max_completion_tokens``) tokens when given (finish_reason ``length``), else ``output_tokens``
+(``stop``). Responses and Messages answer ``output_tokens`` tokens unless ``max_output_tokens`` /
+``max_tokens`` is smaller, which cuts the answer there: status ``incomplete`` with
+``incomplete_details.reason = "max_output_tokens"``, or stop_reason ``max_tokens``.
+
+Models with a meaning (any other name is an ordinary model):
+
+- ``mock-status-NNN``: answers HTTP status NNN with the endpoint's error body (OpenAI's shape;
+  Anthropic's on ``/messages``, its ``error.type`` following the status: 400
+  invalid_request_error, 401 authentication_error, 403 permission_error, 404 not_found_error,
+  413 request_too_large, 429 rate_limit_error, 500 api_error, 529 overloaded_error, ...);
+- ``mock-cut-N``: a stream that stops after N content tokens (fewer if the answer is shorter)
+  and ends without its end marker: no finish chunk and no ``data: [DONE]`` (chat/completions,
+  completions), no ``response.*.done`` / ``response.completed`` (responses), no
+  ``content_block_stop`` / ``message_delta`` / ``message_stop`` (messages). A JSON request to
+  it is answered normally.
 
 >>> body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
 >>> r = reply("POST", "/chat/completions", body)
 >>> r.status, r.content_type
 (200, 'application/json')
+>>> r = reply("POST", "/messages", body)
+>>> r.status, orjson.loads(r.body or b"")["error"]["message"]
+(400, 'max_tokens: Field required')
 """
 
 from __future__ import annotations
@@ -25,12 +55,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import itertools
+import math
+import os
 import random
 import struct
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
@@ -47,11 +80,22 @@ _WORDS = (
 ).split()
 
 
+#: knob name → request header (the query keys of ``mock://`` are the knob names)
+_KNOB_HEADERS = {
+    "latency_ms": "x-mock-latency-ms",
+    "ttft_ms": "x-mock-ttft-ms",
+    "tokens_per_s": "x-mock-tokens-per-s",
+    "output_tokens": "x-mock-output-tokens",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class MockSettings:
     latency_ms: float = 0.0
     ttft_ms: float = 0.0
     tokens_per_s: float = 0.0
+    #: the length of an answer the request does not limit
+    output_tokens: int = DEFAULT_COMPLETION_TOKENS
 
     @classmethod
     def from_url(cls, url: str) -> MockSettings:
@@ -59,27 +103,31 @@ class MockSettings:
         return cls().with_overrides(dict(parse_qsl(urlsplit(url).query)))
 
     def with_overrides(self, values: Mapping[str, str]) -> MockSettings:
-        known = {"latency_ms", "ttft_ms", "tokens_per_s"}
-        changes: dict[str, float] = {}
+        changes: dict[str, Any] = {}
         for key, raw in values.items():
-            if key not in known:
-                raise ValueError(f"unknown mock knob {key!r} (known: {', '.join(sorted(known))})")
-            value = float(raw)
-            if value < 0:
-                raise ValueError(f"mock knob {key} must be >= 0")
+            if key not in _KNOB_HEADERS:
+                known = ", ".join(sorted(_KNOB_HEADERS))
+                raise ValueError(f"unknown mock knob {key!r} (known: {known})")
+            if key == "output_tokens":
+                try:
+                    count = int(raw)
+                except ValueError:
+                    raise ValueError(f"mock knob {key} must be an integer") from None
+                if not 1 <= count <= MAX_COMPLETION_TOKENS:
+                    raise ValueError(f"mock knob {key} must be in 1..{MAX_COMPLETION_TOKENS}")
+                changes[key] = count
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"mock knob {key} must be a number") from None
+            if not 0 <= value < math.inf:
+                raise ValueError(f"mock knob {key} must be a finite number >= 0")
             changes[key] = value
         return replace(self, **changes) if changes else self
 
     def from_headers(self, headers: Mapping[str, str]) -> MockSettings:
-        values = {
-            key: headers[h]
-            for key, h in (
-                ("latency_ms", "x-mock-latency-ms"),
-                ("ttft_ms", "x-mock-ttft-ms"),
-                ("tokens_per_s", "x-mock-tokens-per-s"),
-            )
-            if h in headers
-        }
+        values = {key: headers[h] for key, h in _KNOB_HEADERS.items() if h in headers}
         return self.with_overrides(values) if values else self
 
 
@@ -94,9 +142,48 @@ class MockReply:
     delay_s: float = 0.0
 
 
-def _error(status: int, message: str, type_: str = "invalid_request_error") -> MockReply:
-    body = orjson.dumps({"error": {"message": message, "type": type_, "code": None, "param": None}})
+def _error(
+    status: int, message: str, type_: str = "invalid_request_error", param: str | None = None
+) -> MockReply:
+    body = orjson.dumps(
+        {"error": {"message": message, "type": type_, "code": None, "param": param}}
+    )
     return MockReply(status, "application/json", body)
+
+
+#: Anthropic's ``error.type`` per HTTP status (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def _anthropic_error(status: int, message: str) -> MockReply:
+    """``{"type": "error", "error": {"type", "message"}, "request_id"}``, as the Messages API."""
+    type_ = _ANTHROPIC_ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error"
+    )
+    body = {
+        "type": "error",
+        "error": {"type": type_, "message": message},
+        "request_id": "req_mock" + os.urandom(12).hex(),
+    }
+    return MockReply(status, "application/json", orjson.dumps(body))
+
+
+def bad_request(path: str, message: str) -> MockReply:
+    """A 400 in the error shape of the API at ``path`` (e.g. for a bad ``x-mock-*`` header)."""
+    if path.split("?", 1)[0].rstrip("/") in _ANTHROPIC_PATHS:
+        return _anthropic_error(400, message)
+    return _error(400, message)
 
 
 def reply(method: str, path: str, body: bytes, settings: MockSettings | None = None) -> MockReply:
@@ -113,23 +200,38 @@ def reply(method: str, path: str, body: bytes, settings: MockSettings | None = N
             "application/json",
             orjson.dumps({"id": model_id, "object": "model", "created": 0, "owned_by": "mock"}),
         )
-    handlers = {"/chat/completions": _chat, "/completions": _completion, "/embeddings": _embed}
-    handler = handlers.get(path)
+    handler = _HANDLERS.get(path)
     if handler is None:
         return _error(404, f"mock backend has no {method} {path}", "not_found_error")
+    anthropic = path in _ANTHROPIC_PATHS
     if method != "POST":
+        if anthropic:
+            return _anthropic_error(405, f"use POST for {path}")
         return _error(405, f"use POST for {path}")
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
+        if anthropic:
+            return _anthropic_error(400, "body is not valid JSON")
         return _error(400, "body is not valid JSON")
     if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+        if anthropic:
+            return _anthropic_error(400, "model: Field required")
         return _error(400, "'model' is required")
     model: str = payload["model"]
     if model.startswith("mock-status-") and model[12:].isdigit():
         status = int(model[12:])
+        if anthropic:
+            return _anthropic_error(status, f"mock backend answered {status} as asked")
         return _error(status, f"mock backend answered {status} as asked", "mock_error")
     return handler(payload, model, settings)
+
+
+def _cut_after(model: str) -> int | None:
+    """``mock-cut-N`` → N: its streams stop after N tokens, without their end marker."""
+    if model.startswith("mock-cut-") and model[9:].isdigit():
+        return int(model[9:])
+    return None
 
 
 # ---------------------------------------------------------------- generation
@@ -154,11 +256,15 @@ def _count_words(value: Any) -> int:
     return 0
 
 
-def _completion_tokens(payload: dict[str, Any]) -> tuple[int, str]:
+def _completion_tokens(payload: dict[str, Any], settings: MockSettings) -> tuple[int, str]:
     limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+    if _positive_int(limit):
         return min(limit, MAX_COMPLETION_TOKENS), "length"
-    return DEFAULT_COMPLETION_TOKENS, "stop"
+    return settings.output_tokens, "stop"
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _choices(payload: dict[str, Any]) -> int:
@@ -180,7 +286,7 @@ def _chat(payload: dict[str, Any], model: str, settings: MockSettings) -> MockRe
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         return _error(400, "'messages' must be a non-empty array")
-    n_tokens, finish = _completion_tokens(payload)
+    n_tokens, finish = _completion_tokens(payload, settings)
     rng = _rng(model, messages)
     choices = [_text_tokens(rng, n_tokens) for _ in range(_choices(payload))]
     prompt_tokens = _count_words(messages) + 3 * len(messages)
@@ -219,6 +325,16 @@ def _chat(payload: dict[str, Any], model: str, settings: MockSettings) -> MockRe
 
 def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _sent(count: int, cut: int | None) -> int:
+    """How many of ``count`` tokens a stream sends (all, or the first N for ``mock-cut-N``)."""
+    return count if cut is None else min(count, cut)
+
+
+def _sse_event(name: str, obj: Any) -> bytes:
+    """One SSE event with an ``event:`` line (Responses and Messages streams name their events)."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
 async def _paced(settings: MockSettings, count: int) -> AsyncIterator[int]:
@@ -264,11 +380,14 @@ async def _chat_events(
             obj["usage"] = None
         return _sse(obj)
 
+    cut = _cut_after(model)
     yield b"".join(
         chunk(i, {"role": "assistant", "content": ""}, None) for i in range(len(choices))
     )
-    async for t in _paced(settings, len(choices[0])):
+    async for t in _paced(settings, _sent(len(choices[0]), cut)):
         yield b"".join(chunk(i, {"content": toks[t]}, None) for i, toks in enumerate(choices))
+    if cut is not None:
+        return  # mock-cut-N: no finish chunk, no usage, no [DONE]
     yield b"".join(chunk(i, {}, finish) for i in range(len(choices)))
     if with_usage:
         yield _sse(dict(base, choices=[], usage=usage))
@@ -279,7 +398,7 @@ def _completion(payload: dict[str, Any], model: str, settings: MockSettings) -> 
     prompt = payload.get("prompt")
     if not isinstance(prompt, str | list):
         return _error(400, "'prompt' must be a string or an array")
-    n_tokens, finish = _completion_tokens(payload)
+    n_tokens, finish = _completion_tokens(payload, settings)
     rng = _rng(model, prompt)
     choices = [_text_tokens(rng, n_tokens) for _ in range(_choices(payload))]
     prompt_tokens = max(1, _count_words(prompt))
@@ -295,6 +414,7 @@ def _completion(payload: dict[str, Any], model: str, settings: MockSettings) -> 
 
         async def events() -> AsyncIterator[bytes]:
             with_usage = _wants_usage(payload)
+            cut = _cut_after(model)
 
             def chunk(i: int, text: str, fr: str | None) -> bytes:
                 obj = dict(
@@ -305,8 +425,10 @@ def _completion(payload: dict[str, Any], model: str, settings: MockSettings) -> 
                     obj["usage"] = None
                 return _sse(obj)
 
-            async for t in _paced(settings, n_tokens):
+            async for t in _paced(settings, _sent(n_tokens, cut)):
                 yield b"".join(chunk(i, toks[t], None) for i, toks in enumerate(choices))
+            if cut is not None:
+                return  # mock-cut-N
             yield b"".join(chunk(i, "", finish) for i in range(len(choices)))
             if with_usage:
                 yield _sse(dict(base, choices=[], usage=usage))
@@ -364,3 +486,289 @@ def _embed(payload: dict[str, Any], model: str, settings: MockSettings) -> MockR
     return MockReply(
         200, "application/json", orjson.dumps(body), delay_s=settings.latency_ms / 1000
     )
+
+
+# ---------------------------------------------------------------- OpenAI Responses API
+
+
+def _output_length(limit: int | None, settings: MockSettings) -> tuple[int, bool]:
+    """(tokens, cut short): ``output_tokens`` unless the request's limit is smaller."""
+    natural = settings.output_tokens
+    if limit is not None and limit < natural:
+        return limit, True
+    return natural, False
+
+
+def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> MockReply:
+    raw = payload.get("input")
+    if isinstance(raw, str):
+        items = 1
+    elif isinstance(raw, list) and raw and all(isinstance(x, dict) for x in raw):
+        items = len(raw)
+    else:
+        return _error(
+            400, "'input' must be a string or a non-empty array of input items", param="input"
+        )
+    instructions = payload.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        return _error(400, "'instructions' must be a string", param="instructions")
+    limit = payload.get("max_output_tokens")
+    if limit is not None and not _positive_int(limit):
+        return _error(
+            400, "'max_output_tokens' must be a positive integer", param="max_output_tokens"
+        )
+    temperature = payload.get("temperature")
+    if temperature is None:
+        temperature = 1.0
+    if (
+        not isinstance(temperature, int | float)
+        or isinstance(temperature, bool)
+        or not 0 <= temperature <= 2
+    ):
+        return _error(400, "'temperature' must be a number in 0..2", param="temperature")
+    metadata = payload.get("metadata") or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        return _error(400, "'metadata' must be an object of strings", param="metadata")
+    n_tokens, incomplete = _output_length(limit, settings)
+    rng = _rng(model, [instructions, raw])
+    tokens = _text_tokens(rng, n_tokens)
+    input_tokens = max(1, _count_words(raw) + _count_words(instructions) + 3 * items)
+    usage = {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": n_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + n_tokens,
+    }
+    ident = "resp_mock" + rng.getrandbits(192).to_bytes(24, "big").hex()
+    msg_id = "msg_mock" + rng.getrandbits(192).to_bytes(24, "big").hex()
+
+    def pick(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        value = payload.get(key)
+        return value if isinstance(value, kind) else default
+
+    created = int(time.time())
+    # the fields a Response carries (openai.types.responses.Response); request values echoed
+    response: dict[str, Any] = {
+        "id": ident,
+        "object": "response",
+        "created_at": created,
+        "status": "in_progress",
+        "background": False,
+        "completed_at": None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": instructions,
+        "max_output_tokens": limit,
+        "max_tool_calls": None,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": pick("parallel_tool_calls", bool, True),
+        "previous_response_id": pick("previous_response_id", str, None),
+        "prompt_cache_key": pick("prompt_cache_key", str, None),
+        "reasoning": {"effort": None, "summary": None},
+        "safety_identifier": pick("safety_identifier", str, None),
+        "service_tier": "default",
+        "store": pick("store", bool, True),
+        "temperature": temperature,
+        "text": pick("text", dict, {"format": {"type": "text"}, "verbosity": "medium"}),
+        "tool_choice": pick("tool_choice", (str, dict), "auto"),
+        "tools": pick("tools", list, []),
+        "top_logprobs": 0,
+        "top_p": pick("top_p", (int, float), 1.0),
+        "truncation": "disabled",
+        "usage": None,
+        "user": pick("user", str, None),
+        "metadata": metadata,
+    }
+    status = "incomplete" if incomplete else "completed"
+    done = _responses_done(response, status, msg_id, "".join(tokens), usage)
+    if payload.get("stream") is True:
+        events = _responses_events(response, done, msg_id, tokens, _cut_after(model), settings)
+        return MockReply(
+            200, "text/event-stream", events=events, delay_s=settings.latency_ms / 1000
+        )
+    delay = settings.latency_ms / 1000 + _generation_time(settings, n_tokens)
+    done["completed_at"] = int(time.time() + delay) if status == "completed" else None
+    return MockReply(200, "application/json", orjson.dumps(done), delay_s=delay)
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _responses_done(
+    response: dict[str, Any], status: str, msg_id: str, text: str, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """The finished Response: ``completed``, or ``incomplete`` (cut by max_output_tokens)."""
+    message = {
+        "id": msg_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [_output_text(text)],
+    }
+    return dict(
+        response,
+        status=status,
+        incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None,
+        output=[message],
+        usage=usage,
+    )
+
+
+async def _responses_events(
+    response: dict[str, Any],
+    done: dict[str, Any],
+    msg_id: str,
+    tokens: list[str],
+    cut: int | None,
+    settings: MockSettings,
+) -> AsyncIterator[bytes]:
+    """The Responses API stream: named events with a running ``sequence_number``."""
+    sequence = itertools.count()
+
+    def event(type_: str, **fields: Any) -> bytes:
+        return _sse_event(type_, {"type": type_, "sequence_number": next(sequence), **fields})
+
+    where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+    item = {"id": msg_id, "type": "message", "status": "in_progress", "role": "assistant"}
+    yield event("response.created", response=response)
+    yield event("response.in_progress", response=response)
+    yield event("response.output_item.added", output_index=0, item=dict(item, content=[]))
+    yield event("response.content_part.added", **where, part=_output_text(""))
+    async for t in _paced(settings, _sent(len(tokens), cut)):
+        yield event("response.output_text.delta", **where, delta=tokens[t], logprobs=[])
+    if cut is not None:
+        return  # mock-cut-N: no *.done, no response.completed
+    message = done["output"][0]
+    part = message["content"][0]
+    yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
+    yield event("response.content_part.done", **where, part=part)
+    yield event("response.output_item.done", output_index=0, item=message)
+    if done["status"] == "completed":
+        done = dict(done, completed_at=int(time.time()))
+        yield event("response.completed", response=done)
+    else:
+        yield event("response.incomplete", response=done)
+
+
+# ---------------------------------------------------------------- Anthropic Messages API
+
+
+def _anthropic_prompt(payload: dict[str, Any]) -> tuple[Any, Any, int] | MockReply:
+    """Validate ``messages`` and ``system`` → (messages, system, input tokens) or the 400."""
+    messages = payload.get("messages")
+    if messages is None:
+        return _anthropic_error(400, "messages: Field required")
+    if not isinstance(messages, list):
+        return _anthropic_error(400, "messages: Input should be a valid list")
+    if not messages:
+        return _anthropic_error(400, "messages: at least one message is required")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            return _anthropic_error(
+                400, f"messages.{i}.role: Input should be 'user' or 'assistant'"
+            )
+        if not isinstance(message.get("content"), str | list):
+            return _anthropic_error(
+                400, f"messages.{i}.content: Input should be a valid string or list"
+            )
+    system = payload.get("system")
+    if system is not None and not isinstance(system, str | list):
+        return _anthropic_error(400, "system: Input should be a valid string or list")
+    input_tokens = max(1, _count_words(messages) + _count_words(system) + 3 * len(messages))
+    return messages, system, input_tokens
+
+
+def _messages(payload: dict[str, Any], model: str, settings: MockSettings) -> MockReply:
+    max_tokens = payload.get("max_tokens")
+    if max_tokens is None:
+        return _anthropic_error(400, "max_tokens: Field required")
+    if not _positive_int(max_tokens):
+        return _anthropic_error(400, "max_tokens: Input should be an integer >= 1")
+    prompt = _anthropic_prompt(payload)
+    if isinstance(prompt, MockReply):
+        return prompt
+    messages, system, input_tokens = prompt
+    n_tokens, cut_short = _output_length(max_tokens, settings)
+    stop_reason = "max_tokens" if cut_short else "end_turn"
+    rng = _rng(model, [system, messages])
+    tokens = _text_tokens(rng, n_tokens)
+    message: dict[str, Any] = {
+        "id": "msg_mock" + rng.getrandbits(96).to_bytes(12, "big").hex(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": n_tokens,
+        },
+    }
+    if payload.get("stream") is True:
+        events = _messages_events(message, tokens, stop_reason, _cut_after(model), settings)
+        return MockReply(
+            200, "text/event-stream", events=events, delay_s=settings.latency_ms / 1000
+        )
+    body = dict(
+        message, content=[{"type": "text", "text": "".join(tokens)}], stop_reason=stop_reason
+    )
+    delay = settings.latency_ms / 1000 + _generation_time(settings, n_tokens)
+    return MockReply(200, "application/json", orjson.dumps(body), delay_s=delay)
+
+
+async def _messages_events(
+    message: dict[str, Any],
+    tokens: list[str],
+    stop_reason: str,
+    cut: int | None,
+    settings: MockSettings,
+) -> AsyncIterator[bytes]:
+    """The Messages stream, in the order Anthropic documents (streaming messages guide)."""
+
+    def event(type_: str, **fields: Any) -> bytes:
+        return _sse_event(type_, {"type": type_, **fields})
+
+    # message_start carries the input tokens; output_tokens counts up to message_delta's total
+    start_usage = dict(message["usage"], output_tokens=1)
+    yield event("message_start", message=dict(message, usage=start_usage))
+    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    yield event("ping")
+    async for t in _paced(settings, _sent(len(tokens), cut)):
+        yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": tokens[t]})
+    if cut is not None:
+        return  # mock-cut-N: no content_block_stop, message_delta, message_stop
+    yield event("content_block_stop", index=0)
+    yield event(
+        "message_delta",
+        delta={"stop_reason": stop_reason, "stop_sequence": None},
+        usage={"output_tokens": len(tokens)},
+    )
+    yield event("message_stop")
+
+
+def _count_tokens(payload: dict[str, Any], model: str, settings: MockSettings) -> MockReply:
+    """``POST /v1/messages/count_tokens`` → ``{"input_tokens": N}`` (as the Messages answer)."""
+    prompt = _anthropic_prompt(payload)
+    if isinstance(prompt, MockReply):
+        return prompt
+    body = orjson.dumps({"input_tokens": prompt[2]})
+    return MockReply(200, "application/json", body, delay_s=settings.latency_ms / 1000)
+
+
+_Handler = Callable[[dict[str, Any], str, MockSettings], MockReply]
+_HANDLERS: dict[str, _Handler] = {
+    "/chat/completions": _chat,
+    "/completions": _completion,
+    "/embeddings": _embed,
+    "/responses": _responses,
+    "/messages": _messages,
+    "/messages/count_tokens": _count_tokens,
+}
+#: answered with Anthropic's error shape
+_ANTHROPIC_PATHS = frozenset({"/messages", "/messages/count_tokens"})

@@ -1,6 +1,8 @@
 """``gateway mock-upstream``: the mock engine behind a real HTTP server (starlette + uvicorn).
 
-Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``.
+Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``,
+``/v1/responses`` (OpenAI Responses API) and ``/v1/messages``, ``/v1/messages/count_tokens``
+(Anthropic Messages API: point the Anthropic SDK's ``base_url`` at the root, without ``/v1``).
 """
 
 from __future__ import annotations
@@ -12,19 +14,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.mock.engine import MockSettings, reply
+from gateway.mock.engine import MockSettings, bad_request, reply
 
 
 def create_mock_app(settings: MockSettings | None = None) -> Starlette:
     base = settings or MockSettings()
 
     async def handle(request: Request) -> Response:
+        path = request.url.path[len("/v1") :]
         try:
             knobs = base.from_headers(request.headers)
         except ValueError as exc:
-            return Response(str(exc), status_code=400)
-        path = request.url.path[len("/v1") :]
-        r = reply(request.method, path, await request.body(), knobs)
+            r = bad_request(path, str(exc))
+        else:
+            r = reply(request.method, path, await request.body(), knobs)
         if r.delay_s:
             await asyncio.sleep(r.delay_s)
         if r.events is not None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from urllib.parse import urlsplit
 
 from gateway.config import BackendConfig
-from gateway.mock.engine import MockSettings, reply
+from gateway.mock.engine import MockSettings, bad_request, reply
 from gateway.transports.base import Body
 from gateway.types import RawHeaders
 
@@ -49,12 +49,13 @@ class MockTransport:
         if isinstance(body, AsyncIterable):
             body = b"".join([chunk async for chunk in body])
         lowered = {k.lower(): v for k, v in headers}
+        path = urlsplit(url).path
         try:
             settings = self._settings.from_headers(lowered)
         except ValueError as exc:
-            msg = str(exc).encode()
-            return MockResponse(400, [(b"content-type", b"text/plain")], msg, None)
-        r = reply(method, urlsplit(url).path, body or b"", settings)
+            r = bad_request(path, str(exc))
+        else:
+            r = reply(method, path, body or b"", settings)
         if r.delay_s:
             await asyncio.sleep(r.delay_s)
         out: RawHeaders = [(b"content-type", r.content_type.encode())]
