@@ -2,10 +2,16 @@
 
 It listens on 127.0.0.1, decodes every ``ExportTraceServiceRequest`` it is sent into
 :class:`ReceivedSpan` values and answers like a collector would. ``status`` and ``delay_s`` make it
-a failing or a slow collector (both can be changed while it runs); ``retry_after_s`` adds the
-``Retry-After`` header (HTTP) or a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel exporters
-honour as their retry backoff. It is stopped by its own handle; ``start()`` after ``stop()`` binds
-the same port again, so a test can take the collector down and bring it back.
+a failing or a slow collector (both can be changed while it runs; ``next_statuses`` answers the
+next calls with those statuses first); ``retry_after_s`` adds the ``Retry-After`` header (HTTP) or
+a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel exporters honour as their retry backoff.
+``tls=True`` serves TLS with a certificate from its own trustme CA (``ca_file`` is what
+``OTEL_EXPORTER_OTLP_CERTIFICATE`` names), ``client_auth=True`` also requires a client certificate
+(``client_cert_file`` / ``client_key_file``), ``accept_gzip=False`` refuses gzip request bodies
+(for gRPC the only way to see that a client compressed: grpc-python hides grpc-encoding from the
+servicer). Request headers (gRPC: metadata) and on-the-wire body sizes are recorded. It is stopped
+by its own handle; ``start()`` after ``stop()`` binds the same port again, so a test can take the
+collector down and bring it back. :class:`BlackHole` accepts connections and never answers.
 
     with OTLPReceiver("grpc") as otlp:
         ...  # point OTEL_EXPORTER_OTLP_ENDPOINT (or the exporter) at otlp.endpoint
@@ -19,9 +25,13 @@ import contextlib
 import gzip
 import http.server
 import json
+import shutil
 import socket
+import ssl
+import tempfile
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable
 from concurrent import futures
@@ -29,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import grpc
+import trustme
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
@@ -39,6 +50,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 __all__ = [
     "TRACES_PATH",
+    "BlackHole",
     "OTLPReceiver",
     "ReceivedSpan",
     "decode_any_value",
@@ -215,7 +227,9 @@ class OTLPReceiver:
     503 -> UNAVAILABLE, 429 -> RESOURCE_EXHAUSTED, 400 -> INVALID_ARGUMENT). Spans are only stored
     when the answer is a success. ``delay_s``: wait that long before answering (a slow or, with a
     large value, black-holed collector; ``stop()`` cuts the wait short). ``retry_after_s``: with an
-    error status, ask the exporter to retry after that many seconds.
+    error status, ask the exporter to retry after that many seconds. ``next_statuses``: answer
+    the next export calls with these statuses, one per call, before ``status`` again (e.g.
+    ``[503, 503]`` then success). ``tls`` / ``client_auth`` / ``accept_gzip``: see the module.
     """
 
     def __init__(
@@ -225,26 +239,79 @@ class OTLPReceiver:
         status: int = 200,
         delay_s: float = 0.0,
         retry_after_s: float | None = None,
+        next_statuses: list[int] | None = None,
+        tls: bool = False,
+        client_auth: bool = False,
+        accept_gzip: bool = True,
     ) -> None:
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
+        if client_auth and not tls:
+            raise ValueError("client_auth needs tls")
         self.protocol: Literal["http", "grpc"] = protocol
         self.status = status
         self.delay_s = delay_s
         self.retry_after_s = retry_after_s
+        self.next_statuses: list[int] = list(next_statuses or ())
+        self.tls = tls
+        self.client_auth = client_auth
+        self.accept_gzip = accept_gzip
         self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        #: PEM files of the receiver's own CA and of a client certificate it issued (tls only)
+        self.ca_file: str | None = None
+        self.client_cert_file: str | None = None
+        self.client_key_file: str | None = None
+        self._server_cert: trustme.LeafCert | None = None
+        self._ca: trustme.CA | None = None
+        if tls:
+            self._make_certificates()
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
         self._export_requests = 0
         self._rejected_requests = 0
         self._errors: list[str] = []
         self._requests_meta: list[dict[str, str]] = []
+        self._body_sizes: list[int] = []
         self._stopping = threading.Event()
         self._http: _HTTPServer | None = None
         self._http_thread: threading.Thread | None = None
         self._grpc: grpc.Server | None = None
         self._grpc_pool: futures.ThreadPoolExecutor | None = None
+
+    def _make_certificates(self) -> None:
+        ca = trustme.CA()
+        self._ca = ca
+        self._server_cert = ca.issue_cert("127.0.0.1", "localhost")
+        client = ca.issue_cert("otlp-test-client")
+        folder = tempfile.mkdtemp(prefix="otlp-receiver-")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        self.ca_file = f"{folder}/ca.pem"
+        ca.cert_pem.write_to_path(self.ca_file)
+        self.client_cert_file = f"{folder}/client.pem"
+        self.client_key_file = f"{folder}/client.key"
+        for pem in client.cert_chain_pems:
+            pem.write_to_path(self.client_cert_file, append=True)
+        client.private_key_pem.write_to_path(self.client_key_file)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        assert self._server_cert is not None and self._ca is not None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._server_cert.configure_cert(ctx)
+        if self.client_auth:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            self._ca.configure_trust(ctx)
+        return ctx
+
+    def _grpc_credentials(self) -> grpc.ServerCredentials:
+        assert self._server_cert is not None and self._ca is not None
+        key = self._server_cert.private_key_pem.bytes()
+        chain = b"".join(p.bytes() for p in self._server_cert.cert_chain_pems)
+        return grpc.ssl_server_credentials(
+            [(key, chain)],
+            root_certificates=self._ca.cert_pem.bytes() if self.client_auth else None,
+            require_client_auth=self.client_auth,
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -264,6 +331,11 @@ class OTLPReceiver:
         if self.protocol == "http":
             server = _HTTPServer(("127.0.0.1", self.port), _Handler)
             server.receiver = self
+            if self.tls:
+                # the handshake happens in the handler thread (_Handler.setup), not in accept()
+                server.socket = self._ssl_context().wrap_socket(
+                    server.socket, server_side=True, do_handshake_on_connect=False
+                )
             self._http = server
             self._http_thread = threading.Thread(
                 target=server.serve_forever,
@@ -276,16 +348,21 @@ class OTLPReceiver:
             self._grpc_pool = futures.ThreadPoolExecutor(
                 max_workers=8, thread_name_prefix=f"otlp-grpc-{self.port}"
             )
-            server = grpc.server(
-                self._grpc_pool,
-                options=[
-                    # grpc sets SO_REUSEPORT by default: another server could share the port
-                    ("grpc.so_reuseport", 0),
-                    ("grpc.max_receive_message_length", _MAX_BODY),
-                ],
-            )
+            options: list[tuple[str, Any]] = [
+                # grpc sets SO_REUSEPORT by default: another server could share the port
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", _MAX_BODY),
+            ]
+            if not self.accept_gzip:
+                # bit 0 = identity only: a gzip message is refused with UNIMPLEMENTED
+                options.append(("grpc.compression_enabled_algorithms_bitset", 1))
+            server = grpc.server(self._grpc_pool, options=options)
             trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Servicer(self), server)
-            bound = server.add_insecure_port(f"127.0.0.1:{self.port}")
+            address = f"127.0.0.1:{self.port}"
+            if self.tls:
+                bound = server.add_secure_port(address, self._grpc_credentials())
+            else:
+                bound = server.add_insecure_port(address)
             if bound != self.port:
                 server.stop(None)
                 self._grpc_pool.shutdown(wait=False)
@@ -349,6 +426,12 @@ class OTLPReceiver:
         with self._cond:
             return [dict(h) for h in self._requests_meta]
 
+    @property
+    def body_sizes(self) -> list[int]:
+        """OTLP/HTTP: each export call's body size as sent (compressed, when it was)."""
+        with self._cond:
+            return list(self._body_sizes)
+
     def clear(self) -> None:
         with self._cond:
             self._spans.clear()
@@ -356,6 +439,7 @@ class OTLPReceiver:
             self._rejected_requests = 0
             self._errors.clear()
             self._requests_meta.clear()
+            self._body_sizes.clear()
 
     def trace(self, trace_id: str) -> list[ReceivedSpan]:
         """The spans of one trace, oldest first."""
@@ -395,10 +479,16 @@ class OTLPReceiver:
 
     # ------------------------------------------------------------ used by the servers
 
-    def _record(self, meta: dict[str, str]) -> None:
+    def _record(self, meta: dict[str, str], body_size: int | None = None) -> None:
         with self._cond:
             self._export_requests += 1
             self._requests_meta.append(meta)
+            if body_size is not None:
+                self._body_sizes.append(body_size)
+
+    def _next_status(self) -> int:
+        with self._cond:
+            return self.next_statuses.pop(0) if self.next_statuses else self.status
 
     def _reject(self, error: str | None = None) -> None:
         with self._cond:
@@ -465,11 +555,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(10)
+            try:
+                self.request.do_handshake()
+            except (OSError, ssl.SSLError):
+                self.close_connection = True  # a client that does not trust us, or no cert
+            self.request.settimeout(None)
+        super().setup()
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):  # e.g. the failed handshake above
+            super().handle()
+
     def do_POST(self) -> None:
         receiver = self.server.receiver
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        receiver._record({k.lower(): v for k, v in self.headers.items()})
+        receiver._record({k.lower(): v for k, v in self.headers.items()}, len(body))
 
         path = self.path.split("?", 1)[0]
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
@@ -482,8 +586,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             receiver._reject(f"unsupported Content-Type {ctype!r}")
             self._answer(415, is_json, f"unsupported Content-Type {ctype!r}")
             return
+        encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
+        if encoding == "gzip" and not receiver.accept_gzip:
+            receiver._reject("gzip request body refused (accept_gzip=False)")
+            self._answer(415, is_json, "gzip not accepted")
+            return
         try:
-            raw = _decompress(body, self.headers.get("Content-Encoding") or "")
+            raw = _decompress(body, encoding)
             if is_json:
                 req = parse_json_request(raw)
             else:
@@ -496,7 +605,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not receiver._wait_delay():
             self.close_connection = True
             return  # stopped while delaying: hang up without an answer
-        status = receiver.status
+        status = receiver._next_status()
         if 200 <= status < 300:
             receiver._accept(req)
             self._answer(status, is_json, "")
@@ -547,7 +656,7 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         receiver._record({k.lower(): str(v) for k, v in context.invocation_metadata()})
         if not receiver._wait_delay():
             context.abort(grpc.StatusCode.UNAVAILABLE, "receiver stopping")
-        status = receiver.status
+        status = receiver._next_status()
         if 200 <= status < 300:
             receiver._accept(request)
             return trace_service_pb2.ExportTraceServiceResponse()
@@ -559,3 +668,64 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         code = _HTTP_TO_GRPC.get(status, grpc.StatusCode.UNKNOWN)
         context.abort(code, f"receiver configured to answer {status}")
         raise AssertionError("unreachable: abort() raises")
+
+
+# ---------------------------------------------------------------- a black-holed collector
+
+
+class BlackHole:
+    """Listens on 127.0.0.1, accepts every connection, never reads from it nor answers.
+
+    What a collector behind a dead proxy or a stopped process with a live port looks like: TCP
+    connects, TLS/HTTP/2 handshakes and requests all hang until the client's own timeout.
+    ``connections`` counts the accepted ones. Stopped by its own handle (closes everything).
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.port: int = self._sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.connections = 0
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"otlp-blackhole-{self.port}", daemon=True
+        )
+
+    def start(self) -> BlackHole:
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        self._sock.settimeout(0.05)
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.setblocking(False)
+            with self._lock:
+                self.connections += 1
+                self._conns.append(conn)
+        # (what clients send stays in the kernel's buffers: never read, never answered)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+        self._sock.close()
+
+    def __enter__(self) -> BlackHole:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
+from tests.otlp_receiver import BlackHole, OTLPReceiver, ReceivedSpan
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "otlp-receiver-test"
@@ -561,3 +562,103 @@ def test_load_sink_counts_requests_bytes_and_spans() -> None:
     assert totals["spans"] == sent
     assert totals["bytes"] > 0
     assert totals["errors"] == 1
+
+
+# ---------------------------------------------------------------- TLS, scripted answers, gzip
+
+
+def tls_post(otlp: OTLPReceiver, ctx: ssl.SSLContext) -> int:
+    body = trace_service_pb2.ExportTraceServiceRequest().SerializeToString()
+    req = urllib.request.Request(
+        otlp.traces_url, data=body, headers={"Content-Type": "application/x-protobuf"}
+    )
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+    )
+    with opener.open(req, timeout=5) as resp:
+        return int(resp.status)
+
+
+@pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mtls"])
+def test_tls_receiver_with_its_own_ca(
+    receiver: Callable[..., OTLPReceiver], client_auth: bool
+) -> None:
+    # a plain stdlib client (with the SDK exporter 1.45 here, certificate_file did not take)
+    otlp = receiver("http", tls=True, client_auth=client_auth)
+    assert otlp.endpoint == f"https://127.0.0.1:{otlp.port}"
+    assert otlp.ca_file and otlp.client_cert_file and otlp.client_key_file
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        tls_post(otlp, ssl.create_default_context())
+    trusting = ssl.create_default_context(cafile=otlp.ca_file)
+    if client_auth:
+        with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+            tls_post(otlp, trusting)  # no client certificate
+        trusting.load_cert_chain(otlp.client_cert_file, otlp.client_key_file)
+    assert tls_post(otlp, trusting) == 200
+    assert otlp.export_requests == 1  # failed handshakes never got to a request
+
+
+@pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mtls"])
+def test_grpc_tls_receiver(receiver: Callable[..., OTLPReceiver], client_auth: bool) -> None:
+    otlp = receiver("grpc", tls=True, client_auth=client_auth)
+    assert otlp.ca_file and otlp.client_cert_file and otlp.client_key_file
+    key = chain = None
+    if client_auth:
+        key = Path(otlp.client_key_file).read_bytes()
+        chain = Path(otlp.client_cert_file).read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        Path(otlp.ca_file).read_bytes(), private_key=key, certificate_chain=chain
+    )
+    exporter = GRPCSpanExporter(
+        endpoint=f"127.0.0.1:{otlp.port}", credentials=creds, insecure=False, timeout=3
+    )
+    try:
+        assert exporter.export(record_spans(["grpc-tls"])) is SpanExportResult.SUCCESS
+        assert [s.name for s in otlp.wait_for_spans(1)] == ["grpc-tls"]
+    finally:
+        exporter.shutdown()
+
+
+def test_next_statuses_then_status_and_body_sizes(receiver: Callable[..., OTLPReceiver]) -> None:
+    otlp = receiver("http", next_statuses=[503, 429])
+    body = trace_service_pb2.ExportTraceServiceRequest().SerializeToString()
+    statuses = [post(otlp.traces_url, body, "application/x-protobuf")[0] for _ in range(3)]
+    assert statuses == [503, 429, 200]
+    assert otlp.next_statuses == []
+    assert otlp.rejected_requests == 2
+    assert otlp.body_sizes == [len(body)] * 3
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_accept_gzip_false_refuses_gzip_bodies(
+    receiver: Callable[..., OTLPReceiver], protocol: str
+) -> None:
+    otlp = receiver(protocol, accept_gzip=False)
+    gz = make_exporter(protocol, otlp.endpoint, "gzip")
+    plain = make_exporter(protocol, otlp.endpoint)
+    try:
+        assert gz.export(record_spans(["gz"])) is SpanExportResult.FAILURE
+        assert otlp.spans == []
+        assert plain.export(record_spans(["plain"])) is SpanExportResult.SUCCESS
+        assert [s.name for s in otlp.wait_for_spans(1)] == ["plain"]
+    finally:
+        gz.shutdown()
+        plain.shutdown()
+    if protocol == "http":
+        assert otlp.errors == ["gzip request body refused (accept_gzip=False)"]
+
+
+def test_black_hole_accepts_and_never_answers() -> None:
+    with BlackHole() as hole:
+        with socket.create_connection(("127.0.0.1", hole.port), timeout=2) as conn:
+            conn.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            conn.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                conn.recv(1)
+        deadline = time.monotonic() + 5
+        while hole.connections < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hole.connections == 1
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", hole.port))  # stopped: the port is free again
