@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 ENV_PREFIX = "GATEWAY__"
 CONFIG_ENV = "GATEWAY_CONFIG"
@@ -46,6 +46,12 @@ class ServerConfig:
     workers: int = 1
     max_body_bytes: int = 10 * 1024 * 1024
     shutdown_grace_s: float = 30.0
+    #: a client that has not sent its whole request head by then is closed
+    client_header_timeout_s: float = 10.0
+    #: max gap between two reads of a request body -> 408, connection closed
+    client_body_timeout_s: float = 30.0
+    #: beyond it new connections are refused instead of exhausting file descriptors
+    max_client_connections: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,10 @@ class BackendConfig:
     stream_idle_timeout_s: float = 60.0
     max_connections: int = 200
     http2: bool = False
+    #: passive health (SPEC §13): consecutive failures that eject the backend (0: never)
+    eject_after: int = 5
+    #: cool-down before one probe request decides
+    eject_for_s: float = 30.0
 
     @property
     def is_mock(self) -> bool:
@@ -74,6 +84,10 @@ class RouteConfig:
     retry_on_timeout: bool = False
     max_tokens_cap: int | None = None
     history_window: int | None = None
+    #: load balancing over ``backends`` (SPEC §13)
+    strategy: Literal["ordered", "weighted", "least_outstanding"] = "ordered"
+    #: with strategy = "weighted", one weight per backend
+    weights: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +156,47 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthKeyConfig:
+    tenant: str
+    #: sha256 hex digest of the key (``gateway hash-key KEY``); the key itself is never stored
+    sha256: str
+    #: allowed model globs
+    models: tuple[str, ...] = ("*",)
+    #: requests per minute (None: unlimited)
+    rpm: int | None = None
+    #: tokens per minute, input + output, debited from the usage the upstream reports
+    tpm: int | None = None
+    #: may open the live view (``/_gateway/``) when auth is on
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    mode: Literal["off", "keys"] = "off"
+    #: limits shared by replicas; None: the [cache] url when cache.backend = "redis", else
+    #: in-process counting
+    redis_url: str | None = None
+    #: per Redis command of the limiter; a dead Redis costs at most this (then a breaker)
+    timeout_ms: float = 50.0
+    keys: tuple[AuthKeyConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    #: GET /metrics (false: no endpoint and no per-request cost)
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class UiConfig:
+    #: the built-in live view (SPEC §18); on in the embedded default
+    enabled: bool = False
+    path: str = "/_gateway/"
+    #: requests kept in its ring buffer
+    recent: int = 500
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     # empty defaults so a file missing them still gets every other key checked
     backends: tuple[BackendConfig, ...] = ()
@@ -151,6 +206,9 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    ui: UiConfig = field(default_factory=UiConfig)
     #: where the config came from (a path, or "<embedded default>")
     source: str = field(default="<text>", compare=False)
 
@@ -189,18 +247,30 @@ def load_config(
             source = str(path)
             try:
                 text = Path(path).read_text("utf-8")
-            except OSError as exc:
-                raise ConfigError([f"{source}: cannot read: {exc.strerror or exc}"]) from exc
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else None
+                raise ConfigError([f"{source}: cannot read: {reason or exc}"]) from exc
     else:
         source = "<text>"
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: invalid TOML: {exc}"]) from exc
+    return build_config(data, env, source)
+
+
+def build_config(
+    data: dict[str, Any], env: Mapping[str, str] | None = None, source: str = "<data>"
+) -> Config:
+    """A :class:`Config` from parsed TOML data (plus ``GATEWAY__*`` overrides from ``env``).
+
+    Raises :class:`ConfigError` listing every problem; never anything else, whatever ``data``
+    holds (a hypothesis test feeds it random shapes).
+    """
     errors: list[str] = []
-    _apply_env(data, env, errors)
+    _apply_env(data, os.environ if env is None else env, errors)
     cfg = _build(Config, data, "", errors)
-    if isinstance(cfg, Config):  # keys that failed to build took their defaults: check the rest
+    if isinstance(cfg, Config):  # keys that failed to build took stand-ins: check the rest
         _validate(cfg, errors)
     if errors:
         raise ConfigError(errors)
@@ -263,81 +333,129 @@ _MISSING = object()
 
 
 def _build(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
-    """Convert plain TOML data to ``tp``; append ``path: message`` to ``errors`` on problems."""
-    origin = typing.get_origin(tp)
+    """Convert plain TOML data to ``tp``; append ``path: message`` to ``errors`` on problems.
+
+    Returns :data:`_MISSING` for a value that could not be converted (already reported).
+    """
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            errors.append(f"{path or '<root>'}: expected a table, got {_tname(value)}")
-            return _MISSING
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.name != "source"}
-        for key in value:
-            if key not in fields:
-                errors.append(f"{_key(path, key)}: unknown key")
-        kwargs: dict[str, Any] = {}
-        for name, f in fields.items():
-            if name in value:
-                built = _build(hints[name], value[name], _key(path, name), errors)
-                if built is not _MISSING:
-                    kwargs[name] = built
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                errors.append(f"{_key(path, name)}: required key is missing")
-        try:
-            return tp(**kwargs)
-        except TypeError:
-            return _MISSING  # a required field failed; already reported
+        return _build_table(tp, value, path, errors)
+    origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _build(args[0], value, path, errors)
     if origin is tuple:
-        (item_tp, _) = typing.get_args(tp)
-        if isinstance(value, _EnvValue):
-            value = _parse_env_list(value)
-        if not isinstance(value, list):
-            errors.append(f"{path}: expected an array, got {_tname(value)}")
-            return _MISSING
-        items = [_build(item_tp, v, _key(path, i), errors) for i, v in enumerate(value)]
-        return tuple(items)
+        return _build_array(typing.get_args(tp)[0], value, path, errors)
     if origin is Literal:
         allowed = typing.get_args(tp)
-        if value not in allowed:
+        if not isinstance(value, str) or value not in allowed:
             choices = ", ".join(repr(a) for a in allowed)
-            errors.append(f"{path}: must be one of {choices}, got {value!r}")
+            errors.append(f"{path}: must be one of {choices}, got {_show(value)}")
             return _MISSING
         return str(value)
     if tp is bool:
-        if isinstance(value, _EnvValue):
-            low = value.lower()
-            if low in ("true", "1", "yes", "on"):
-                return True
-            if low in ("false", "0", "no", "off"):
-                return False
-        if not isinstance(value, bool):
-            errors.append(f"{path}: expected true or false, got {value!r}")
-            return _MISSING
-        return value
+        return _build_bool(value, path, errors)
     if tp is int or tp is float:
-        if isinstance(value, _EnvValue):
-            try:
-                value = tp(value)
-            except ValueError:
-                errors.append(f"{path}: expected a number, got {str(value)!r}")
-                return _MISSING
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if tp is int and isinstance(value, float):
-            ok = False
-        if not ok:
-            errors.append(
-                f"{path}: expected {'an integer' if tp is int else 'a number'}, got {value!r}"
-            )
-            return _MISSING
-        return tp(value)
+        return _build_number(tp, value, path, errors)
     if tp is str:
         if not isinstance(value, str):
             errors.append(f"{path}: expected a string, got {_tname(value)}")
             return _MISSING
         return str(value)
     raise TypeError(f"config type not handled: {tp!r}")  # pragma: no cover - programming error
+
+
+def _build_table(tp: type[Any], value: Any, path: str, errors: list[str]) -> Any:
+    if not isinstance(value, dict):
+        errors.append(f"{path or '<root>'}: expected a table, got {_tname(value)}")
+        return _MISSING
+    hints = typing.get_type_hints(tp)
+    fields = {f.name: f for f in dataclasses.fields(tp) if f.name != "source"}
+    for key in value:
+        if key not in fields:
+            errors.append(f"{_key(path, key)}: unknown key")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        built = _MISSING
+        if name in value:
+            built = _build(hints[name], value[name], _key(path, name), errors)
+        elif required:
+            errors.append(f"{_key(path, name)}: required key is missing")
+        if built is not _MISSING:
+            kwargs[name] = built
+        elif required:
+            # reported above: a well-typed stand-in keeps the other keys checkable
+            kwargs[name] = _placeholder(hints[name])
+    return tp(**kwargs)
+
+
+def _placeholder(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return ()
+    if origin is Literal:
+        return typing.get_args(tp)[0]
+    if origin in (types.UnionType, typing.Union):
+        return None
+    return {str: "", int: 0, float: 0.0, bool: False}[tp]
+
+
+def _build_array(item_tp: Any, value: Any, path: str, errors: list[str]) -> Any:
+    if isinstance(value, _EnvValue):
+        value = _parse_env_list(value)
+    if not isinstance(value, list):
+        errors.append(f"{path}: expected an array, got {_tname(value)}")
+        return _MISSING
+    items = [_build(item_tp, v, _key(path, i), errors) for i, v in enumerate(value)]
+    if all(item is not _MISSING for item in items):
+        return tuple(items)
+    if dataclasses.is_dataclass(item_tp):
+        # tables keep their index (later errors name the right one): a stand-in for the bad one
+        return tuple(_stand_in(item_tp) if item is _MISSING else item for item in items)
+    return _MISSING  # reported; the array takes its default (or a stand-in)
+
+
+def _stand_in(tp: Any) -> Any:
+    """A table of type ``tp`` with placeholder values for its required keys."""
+    hints = typing.get_type_hints(tp)
+    required = {
+        f.name: _placeholder(hints[f.name])
+        for f in dataclasses.fields(tp)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    return tp(**required)
+
+
+def _build_bool(value: Any, path: str, errors: list[str]) -> Any:
+    if isinstance(value, _EnvValue):
+        low = value.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+    if not isinstance(value, bool):
+        errors.append(f"{path}: expected true or false, got {_show(value)}")
+        return _MISSING
+    return value
+
+
+def _build_number(tp: type[int] | type[float], value: Any, path: str, errors: list[str]) -> Any:
+    if isinstance(value, _EnvValue):
+        try:
+            value = tp(value)
+        except ValueError:
+            errors.append(f"{path}: expected a number, got {str(value)!r}")
+            return _MISSING
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is int and isinstance(value, float):
+        ok = False
+    if ok and tp is float and value != value:  # nan
+        ok = False
+    if not ok:
+        what = "an integer" if tp is int else "a number"
+        errors.append(f"{path}: expected {what}, got {_show(value)}")
+        return _MISSING
+    return tp(value)
 
 
 def _parse_env_list(raw: str) -> Any:
@@ -354,113 +472,207 @@ def _tname(value: Any) -> str:
     )
 
 
+def _show(value: Any) -> str:
+    """A value for an error message: short, and never a whole table."""
+    if isinstance(value, dict | list):
+        return _tname(value)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 # ---------------------------------------------------------------- cross-field checks
 
 
+class _Errors:
+    """Collects ``path: message``; a path already reported (say, of the wrong type) is not
+    reported again for a follow-on problem of its stand-in value."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self._errors = errors
+        self._seen = {e.split(": ", 1)[0] for e in errors}
+
+    def __call__(self, path: str, message: str) -> None:
+        if not any(_related(path, seen) for seen in self._seen):
+            self._errors.append(f"{path}: {message}")
+            self._seen.add(path)
+
+    def positive(self, section: object, prefix: str, *names: str, allow_zero: bool = False) -> None:
+        for name in names:
+            value = getattr(section, name)
+            if value < 0 or (value == 0 and not allow_zero):
+                self(f"{prefix}.{name}", "must be >= 0" if allow_zero else "must be > 0")
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether one key path is the other or inside it (``routes[0]`` and ``routes[0].models``)."""
+    if len(a) > len(b):
+        a, b = b, a
+    return b == a or (b.startswith(a) and b[len(a)] in ".[")
+
+
 def _validate(cfg: Config, errors: list[str]) -> None:
-    s = cfg.server
+    err = _Errors(errors)
+    _check_server(cfg.server, err)
+    names = _check_backends(cfg.backends, err)
+    _check_routes(cfg.routes, names, err)
+    _check_edge(cfg.edge, err)
+    _check_cache(cfg.cache, err)
+    _check_tracing(cfg.tracing, err)
+    if not 0.0 <= cfg.logging.sample_ratio <= 1.0:
+        err("logging.sample_ratio", f"must be within 0..1, got {cfg.logging.sample_ratio}")
+    _check_auth(cfg.auth, err)
+    _check_ui(cfg.ui, err)
+
+
+def _url(url: str) -> SplitResult | None:
+    """``urlsplit`` that says None instead of raising (a bad IPv6 literal, a bad port)."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return None
+    return parts
+
+
+def _check_server(s: ServerConfig, err: _Errors) -> None:
     if not 0 < s.port < 65536:
-        errors.append(f"server.port: must be 1..65535, got {s.port}")
+        err("server.port", f"must be 1..65535, got {s.port}")
     if s.workers < 1:
-        errors.append(f"server.workers: must be >= 1, got {s.workers}")
-    if s.max_body_bytes < 1:
-        errors.append(f"server.max_body_bytes: must be > 0, got {s.max_body_bytes}")
-    if s.shutdown_grace_s < 0:
-        errors.append("server.shutdown_grace_s: must be >= 0")
-    if not cfg.backends:
-        errors.append("backends: at least one [[backends]] table is required")
+        err("server.workers", f"must be >= 1, got {s.workers}")
+    err.positive(s, "server", "max_body_bytes", "client_header_timeout_s", "client_body_timeout_s")
+    err.positive(s, "server", "max_client_connections")
+    err.positive(s, "server", "shutdown_grace_s", allow_zero=True)
+
+
+def _check_backends(backends: tuple[BackendConfig, ...], err: _Errors) -> set[str]:
+    if not backends:
+        err("backends", "at least one [[backends]] table is required")
     seen: set[str] = set()
-    for i, b in enumerate(cfg.backends):
+    for i, b in enumerate(backends):
         p = f"backends[{i}]"
         if not b.name:
-            errors.append(f"{p}.name: must not be empty")
-        if b.name in seen:
-            errors.append(f"{p}.name: duplicate backend name {b.name!r}")
+            err(f"{p}.name", "must not be empty")
+        elif b.name in seen:
+            err(f"{p}.name", f"duplicate backend name {b.name!r}")
         seen.add(b.name)
-        parts = urlsplit(b.url)
-        if parts.scheme not in ("http", "https", "mock"):
-            errors.append(f"{p}.url: scheme must be http, https or mock, got {b.url!r}")
+        parts = _url(b.url)
+        if parts is None:
+            err(f"{p}.url", f"not a valid URL: {b.url!r}")
+        elif parts.scheme not in ("http", "https", "mock"):
+            err(f"{p}.url", f"scheme must be http, https or mock, got {b.url!r}")
         elif parts.scheme != "mock" and not parts.hostname:
-            errors.append(f"{p}.url: has no host: {b.url!r}")
+            err(f"{p}.url", f"has no host: {b.url!r}")
         elif parts.fragment or (parts.query and parts.scheme != "mock"):
-            errors.append(f"{p}.url: must not carry a query or fragment: {b.url!r}")
-        for name in ("connect_timeout_s", "read_timeout_s", "stream_idle_timeout_s"):
-            if getattr(b, name) <= 0:
-                errors.append(f"{p}.{name}: must be > 0")
-        if b.max_connections < 1:
-            errors.append(f"{p}.max_connections: must be >= 1")
+            err(f"{p}.url", f"must not carry a query or fragment: {b.url!r}")
+        err.positive(b, p, "connect_timeout_s", "read_timeout_s", "stream_idle_timeout_s")
+        err.positive(b, p, "max_connections", "eject_for_s")
+        err.positive(b, p, "eject_after", allow_zero=True)
         if b.api_key_env is not None and not b.api_key_env:
-            errors.append(f"{p}.api_key_env: must name an environment variable")
-    if not cfg.routes:
-        errors.append("routes: at least one [[routes]] table is required")
-    for i, r in enumerate(cfg.routes):
+            err(f"{p}.api_key_env", "must name an environment variable")
+    return seen
+
+
+def _check_routes(routes: tuple[RouteConfig, ...], backends: set[str], err: _Errors) -> None:
+    if not routes:
+        err("routes", "at least one [[routes]] table is required")
+    for i, r in enumerate(routes):
         p = f"routes[{i}]"
         if not r.models:
-            errors.append(f"{p}.models: must list at least one model pattern")
-        if not r.backends:
-            errors.append(f"{p}.backends: must list at least one backend")
-        for j, name in enumerate(r.backends):
-            if name not in seen:
-                errors.append(f"{p}.backends[{j}]: no backend named {name!r}")
-        if r.retries < 0:
-            errors.append(f"{p}.retries: must be >= 0")
-        if r.max_tokens_cap is not None and r.max_tokens_cap < 1:
-            errors.append(f"{p}.max_tokens_cap: must be >= 1")
-        if r.history_window is not None and r.history_window < 1:
-            errors.append(f"{p}.history_window: must be >= 1")
+            err(f"{p}.models", "must list at least one model pattern")
         for j, pat in enumerate(r.models):
             if not pat:
-                errors.append(f"{p}.models[{j}]: empty pattern")
-    for i, net in enumerate(cfg.edge.trusted_proxies):
+                err(f"{p}.models[{j}]", "empty pattern")
+        if not r.backends:
+            err(f"{p}.backends", "must list at least one backend")
+        for j, name in enumerate(r.backends):
+            if name not in backends:
+                err(f"{p}.backends[{j}]", f"no backend named {name!r}")
+        err.positive(r, p, "retries", allow_zero=True)
+        for name in ("max_tokens_cap", "history_window"):
+            value = getattr(r, name)
+            if value is not None and value < 1:
+                err(f"{p}.{name}", "must be >= 1")
+        if r.strategy == "weighted":
+            if r.weights is None or len(r.weights) != len(r.backends):
+                err(f"{p}.weights", "strategy = 'weighted' needs one weight per backend")
+            elif any(w <= 0 for w in r.weights) or not all(w == w for w in r.weights):
+                err(f"{p}.weights", "every weight must be > 0")
+        elif r.weights is not None:
+            err(f"{p}.weights", "only used with strategy = 'weighted'")
+
+
+def _check_edge(edge: EdgeConfig, err: _Errors) -> None:
+    for i, net in enumerate(edge.trusted_proxies):
         try:
             ipaddress.ip_network(net, strict=False)
         except ValueError:
-            errors.append(f"edge.trusted_proxies[{i}]: not an IP network: {net!r}")
-    hop_names: set[str] = set()
-    for i, hop in enumerate(cfg.edge.hops):
+            err(f"edge.trusted_proxies[{i}]", f"not an IP network: {net!r}")
+    names: set[str] = set()
+    for i, hop in enumerate(edge.hops):
         if not hop.name or hop.name in ("auth", "router", "upstream", "gateway", "cache"):
-            errors.append(f"edge.hops[{i}].name: {hop.name!r} is empty or reserved")
-        if hop.name in hop_names:
-            errors.append(f"edge.hops[{i}].name: duplicate hop {hop.name!r}")
-        hop_names.add(hop.name)
+            err(f"edge.hops[{i}].name", f"{hop.name!r} is empty or reserved")
+        elif hop.name in names:
+            err(f"edge.hops[{i}].name", f"duplicate hop {hop.name!r}")
+        names.add(hop.name)
         if not hop.header:
-            errors.append(f"edge.hops[{i}].header: must name a header")
-    c = cfg.cache
+            err(f"edge.hops[{i}].header", "must name a header")
+
+
+def _check_cache(c: CacheConfig, err: _Errors) -> None:
     if c.backend == "redis":
-        scheme = urlsplit(c.url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            errors.append(f"cache.url: scheme must be redis, rediss or unix, got {c.url!r}")
-    for name in (
-        "ttl_s",
-        "max_entry_bytes",
-        "max_entries",
-        "max_memory_bytes",
-        "timeout_ms",
-        "breaker_failures",
-        "breaker_reset_s",
-    ):
-        if getattr(c, name) <= 0:
-            errors.append(f"cache.{name}: must be > 0")
-    if c.flight_wait_ms < 0:
-        errors.append("cache.flight_wait_ms: must be >= 0")
+        parts = _url(c.url)
+        if parts is None or parts.scheme not in ("redis", "rediss", "unix"):
+            err("cache.url", f"scheme must be redis, rediss or unix, got {c.url!r}")
+    err.positive(c, "cache", "ttl_s", "max_entry_bytes", "max_entries", "max_memory_bytes")
+    err.positive(c, "cache", "timeout_ms", "breaker_failures", "breaker_reset_s")
+    err.positive(c, "cache", "flight_wait_ms", allow_zero=True)
     if not c.namespace or ":" in c.namespace:
-        errors.append(f"cache.namespace: must be non-empty without ':', got {c.namespace!r}")
-    tr = cfg.tracing
+        err("cache.namespace", f"must be non-empty without ':', got {c.namespace!r}")
+
+
+def _check_tracing(tr: TracingConfig, err: _Errors) -> None:
     if not 0.0 <= tr.sample_ratio <= 1.0:
-        errors.append(f"tracing.sample_ratio: must be within 0..1, got {tr.sample_ratio}")
-    if tr.endpoint is not None and urlsplit(tr.endpoint).scheme not in ("http", "https"):
-        errors.append(f"tracing.endpoint: must be an http(s) URL, got {tr.endpoint!r}")
-    for name in (
-        "max_queue_size",
-        "max_export_batch_size",
-        "schedule_delay_ms",
-        "export_timeout_s",
-        "shutdown_timeout_s",
-    ):
-        if getattr(tr, name) <= 0:
-            errors.append(f"tracing.{name}: must be > 0")
+        err("tracing.sample_ratio", f"must be within 0..1, got {tr.sample_ratio}")
+    if tr.endpoint is not None:
+        parts = _url(tr.endpoint)
+        if parts is None or parts.scheme not in ("http", "https"):
+            err("tracing.endpoint", f"must be an http(s) URL, got {tr.endpoint!r}")
+    err.positive(tr, "tracing", "max_queue_size", "max_export_batch_size", "schedule_delay_ms")
+    err.positive(tr, "tracing", "export_timeout_s", "shutdown_timeout_s")
     if tr.max_export_batch_size > tr.max_queue_size:
-        errors.append("tracing.max_export_batch_size: must not exceed tracing.max_queue_size")
-    lg = cfg.logging
-    if not 0.0 <= lg.sample_ratio <= 1.0:
-        errors.append(f"logging.sample_ratio: must be within 0..1, got {lg.sample_ratio}")
+        err("tracing.max_export_batch_size", "must not exceed tracing.max_queue_size")
+
+
+def _check_auth(a: AuthConfig, err: _Errors) -> None:
+    if a.redis_url is not None:
+        parts = _url(a.redis_url)
+        if parts is None or parts.scheme not in ("redis", "rediss", "unix"):
+            err("auth.redis_url", f"scheme must be redis, rediss or unix, got {a.redis_url!r}")
+    err.positive(a, "auth", "timeout_ms")
+    if a.mode == "keys" and not a.keys:
+        err("auth.keys", "mode = 'keys' needs at least one [[auth.keys]] entry")
+    digests: set[str] = set()
+    for i, k in enumerate(a.keys):
+        p = f"auth.keys[{i}]"
+        if not k.tenant:
+            err(f"{p}.tenant", "must not be empty")
+        digest = k.sha256.lower()
+        if len(digest) != 64 or digest.strip("0123456789abcdef"):
+            err(f"{p}.sha256", "must be a sha256 hex digest (gateway hash-key KEY)")
+        elif digest in digests:
+            err(f"{p}.sha256", "the same key is listed twice")
+        digests.add(digest)
+        if not k.models or not all(k.models):
+            err(f"{p}.models", "must list at least one non-empty model glob")
+        for name in ("rpm", "tpm"):
+            value = getattr(k, name)
+            if value is not None and value < 1:
+                err(f"{p}.{name}", "must be >= 1")
+
+
+def _check_ui(ui: UiConfig, err: _Errors) -> None:
+    if not ui.path.startswith("/") or not ui.path.endswith("/") or len(ui.path) < 3:
+        err("ui.path", f"must start and end with '/', e.g. '/_gateway/', got {ui.path!r}")
+    elif ui.path.startswith("/v1/") or ui.path in ("/healthz/", "/readyz/", "/metrics/"):
+        err("ui.path", f"must not shadow the gateway's own endpoints, got {ui.path!r}")
+    err.positive(ui, "ui", "recent")
