@@ -19,7 +19,7 @@ from gateway.encoding import request_body_decoder
 from gateway.errors import ClientGone, PayloadTooLarge
 from gateway.headers import HOP_BY_HOP
 from gateway.memo import remember
-from gateway.types import Receive, Scope
+from gateway.types import RawHeaders, Receive, Scope
 
 __all__ = ["HOP_BY_HOP", "Edge", "read_body"]
 # Request headers the edge consumes instead of forwarding verbatim.
@@ -39,6 +39,8 @@ _CONSUMED = HOP_BY_HOP | {
     b"traceparent",
     b"tracestate",
 }
+#: the client's credentials: consumed, never forwarded (the backend sends its own key)
+_CREDENTIALS = frozenset({b"authorization", b"api-key"})
 #: forwarded, and also noted for the cache (SPEC §10)
 _NOTED = frozenset({b"cache-control", b"openai-organization", b"openai-project"})
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")
@@ -71,13 +73,35 @@ class Edge:
     def accept(self, scope: Scope) -> RequestContext:
         """Build the request context from the ASGI scope (one pass over the headers)."""
         ctx = RequestContext(scope, Timeline())
-        trusted = ctx.peer_trusted = self.trusts(ctx.peer)
+        ctx.peer_trusted = self.trusts(ctx.peer)
+        forward, seen, hop_values = self._scan(ctx, scope["headers"])
+        rid = seen.get(b"x-request-id")
+        ctx.request_id = (
+            rid.decode() if rid and _REQUEST_ID.fullmatch(rid) else os.urandom(16).hex()
+        )
+        forward.append(("x-request-id", ctx.request_id))
+        self._forwarding(ctx, forward, seen)
+        ctx.upstream_headers = forward
+        tp = seen.get(b"traceparent")
+        if tp is not None:
+            ctx.incoming_trace = (tp, seen.get(b"tracestate"))
+        if hop_values:
+            if ctx.peer_trusted:
+                self._edge_times(ctx, hop_values)
+            else:
+                ctx.edge_marks = dict.fromkeys(hop_values, "untrusted")
+        return ctx
+
+    def _scan(
+        self, ctx: RequestContext, headers: RawHeaders
+    ) -> tuple[list[tuple[str, str]], dict[bytes, bytes], dict[str, bytes] | None]:
+        """Split the headers: forwarded as they are, consumed here (``seen``), edge timings."""
         forward: list[tuple[str, str]] = []
-        xff = xfp = xfh = fwd = host = rid = tp = ts = None
+        seen: dict[bytes, bytes] = {}
         connection_tokens: set[str] | None = None
         hop_values: dict[str, bytes] | None = None
         hop_headers = self.hop_headers
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name not in _CONSUMED:
                 if hop_headers and name in hop_headers:
                     if hop_values is None:
@@ -86,84 +110,59 @@ class Edge:
                 pair = (name.decode("latin-1"), value.decode("latin-1"))
                 forward.append(pair)
                 if name in _NOTED:
-                    if name == b"cache-control":
-                        ctx.cache_control = (
-                            value
-                            if ctx.cache_control is None
-                            else ctx.cache_control + b", " + value
-                        )
-                    else:
-                        if ctx.forwarded_org is None:
-                            ctx.forwarded_org = {}
-                        ctx.forwarded_org[pair[0]] = pair[1]
-            elif name == b"authorization":
-                if value[:7].lower() == b"bearer ":
-                    ctx.credential = value[7:].strip()
-                else:
-                    ctx.credential = value
-            elif name == b"api-key":  # Azure OpenAI style
+                    _note(ctx, name, value, pair)
+            elif name in _CREDENTIALS:
+                # never forwarded, never logged (SPEC §5): kept only to tell callers apart
+                if name == b"authorization" and value[:7].lower() == b"bearer ":
+                    value = value[7:]
                 ctx.credential = value.strip()
-            elif name == b"host":
-                host = value
             elif name == b"accept-encoding":
                 ctx.accept_encoding = value
             elif name == b"content-encoding":
                 ctx.content_encoding = value
             elif name == b"content-length":
                 ctx.content_length = value
-            elif name == b"x-request-id":
-                rid = value
             elif name == b"x-forwarded-for":
-                xff = value if xff is None else xff + b", " + value
-            elif name == b"x-forwarded-proto":
-                xfp = value
-            elif name == b"x-forwarded-host":
-                xfh = value
-            elif name == b"forwarded":
-                fwd = value
-            elif name == b"traceparent":
-                tp = value
-            elif name == b"tracestate":
-                ts = value
+                xff = seen.get(name)
+                seen[name] = value if xff is None else xff + b", " + value
             elif name == b"connection":
                 tokens = {t.strip().lower() for t in value.decode("latin-1").split(",")}
                 connection_tokens = tokens | (connection_tokens or set())
+            else:
+                seen[name] = value
         if connection_tokens:  # RFC 9110 §7.6.1: headers named by Connection are hop-by-hop too
             forward = [(k, v) for k, v in forward if k.lower() not in connection_tokens]
             if hop_values:
                 for hop, header in zip(self.hop_names, hop_headers, strict=True):
                     if header.decode() in connection_tokens:
                         hop_values.pop(hop, None)
+        return forward, seen, hop_values
 
-        ctx.request_id = (
-            rid.decode() if rid and _REQUEST_ID.fullmatch(rid) else os.urandom(16).hex()
-        )
-        forward.append(("x-request-id", ctx.request_id))
-
+    def _forwarding(
+        self, ctx: RequestContext, forward: list[tuple[str, str]], seen: dict[bytes, bytes]
+    ) -> None:
+        """X-Forwarded-For/-Proto/-Host and Forwarded: a chain is kept only from a trusted peer."""
+        trusted = ctx.peer_trusted
         peer = ctx.peer
+        xff = seen.get(b"x-forwarded-for")
         if trusted and xff:
             chain = xff.decode("latin-1")
             forward.append(("x-forwarded-for", f"{chain}, {peer}" if peer else chain))
             ctx.client_address = self._client_from_chain(chain) or peer
         elif peer:
             forward.append(("x-forwarded-for", peer))
-        scheme = scope.get("scheme", "http")
+        xfp = seen.get(b"x-forwarded-proto")
+        scheme = ctx.scope.get("scheme", "http")
         forward.append(("x-forwarded-proto", xfp.decode("latin-1") if trusted and xfp else scheme))
+        xfh = seen.get(b"x-forwarded-host")
+        host = seen.get(b"host")
         if trusted and xfh:
             forward.append(("x-forwarded-host", xfh.decode("latin-1")))
         elif host:
             forward.append(("x-forwarded-host", host.decode("latin-1")))
+        fwd = seen.get(b"forwarded")
         if trusted and fwd:
             forward.append(("forwarded", fwd.decode("latin-1")))
-        ctx.upstream_headers = forward
-        if tp is not None:
-            ctx.incoming_trace = (tp, ts)
-        if hop_values:
-            if trusted:
-                self._edge_times(ctx, hop_values)
-            else:
-                ctx.edge_marks = dict.fromkeys(hop_values, "untrusted")
-        return ctx
 
     def _edge_times(self, ctx: RequestContext, values: dict[str, bytes]) -> None:
         """Accept each edge hop's time unless unparseable, in the future (> 1 s) or stale."""
@@ -194,6 +193,17 @@ class Edge:
             if not self.trusts(h):
                 return h
         return hosts[0] if hosts else None
+
+
+def _note(ctx: RequestContext, name: bytes, value: bytes, pair: tuple[str, str]) -> None:
+    """Forwarded headers the cache keys on (SPEC §10)."""
+    if name == b"cache-control":
+        cc = ctx.cache_control
+        ctx.cache_control = value if cc is None else cc + b", " + value
+    else:
+        if ctx.forwarded_org is None:
+            ctx.forwarded_org = {}
+        ctx.forwarded_org[pair[0]] = pair[1]
 
 
 def _raw_time(value: bytes | None) -> float | None:

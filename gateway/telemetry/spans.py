@@ -333,18 +333,48 @@ def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
 def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> bytes:
     """The SERVER root: from the first edge hop's start (or receipt) to the last byte."""
     ctx = tree.ctx
+    request_s = tree.done - tree.received
+    attrs = _root_attrs(tree, request_s)
+    start_ns = tree.wall
+    if edge_hops:
+        start_ns = min(start_ns, int(edge_hops[0][2] * 1e9))
+        attrs.append(_f("gateway.edge_time_ms", _ms(tree.wall / 1e9 - edge_hops[0][2])))
+    status = otlp.STATUS_ERROR if ctx.answer.status >= 500 else otlp.STATUS_UNSET
+    message = ""
+    error = ctx.answer.error
+    if error is not None:
+        attrs.append(_s("error.type", error.code or error.type))
+        message = error.message
+        if error.status >= 500:
+            status = otlp.STATUS_ERROR
+    if ctx.disconnected:
+        attrs.append(_s("gateway.client_disconnected", True))
+    flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
+    parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
+    return otlp.span_fast(
+        otlp.span_head(trace.trace_id.to_bytes(16, "big"), trace.trace_state),
+        tree.root_id,
+        otlp.parent_field(parent),
+        otlp.name_kind(f"{ctx.method} {route_template(ctx.path)}", otlp.KIND_SERVER),
+        start_ns,
+        tree.wall + int(request_s * 1e9),
+        attrs,
+        otlp.tail(status, flags, message),
+    )
+
+
+def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
+    ctx = tree.ctx
     answer = ctx.answer
     call = ctx.call
     upstream_s = ctx.upstream_time(tree.done)
-    request_s = tree.done - tree.received
-    route = route_template(ctx.path)
     attrs = [
         _group(
             (
                 ctx.method,
                 ctx.path,
                 ctx.scope.get("scheme", "http"),
-                route,
+                route_template(ctx.path),
                 answer.status,
                 ctx.client_address,
                 ctx.cache.result,
@@ -369,32 +399,7 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
         attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
     if ctx.edge_marks:
         attrs.append(_a("gateway.edge.discarded", [f"{k}:{v}" for k, v in ctx.edge_marks.items()]))
-    start_ns = tree.wall
-    if edge_hops:
-        start_ns = min(start_ns, int(edge_hops[0][2] * 1e9))
-        attrs.append(_f("gateway.edge_time_ms", _ms(tree.wall / 1e9 - edge_hops[0][2])))
-    status = otlp.STATUS_ERROR if answer.status >= 500 else otlp.STATUS_UNSET
-    message = ""
-    error = answer.error
-    if error is not None:
-        attrs.append(_s("error.type", error.code or error.type))
-        message = error.message
-        if error.status >= 500:
-            status = otlp.STATUS_ERROR
-    if ctx.disconnected:
-        attrs.append(_s("gateway.client_disconnected", True))
-    flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
-    parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
-    return otlp.span_fast(
-        otlp.span_head(trace.trace_id.to_bytes(16, "big"), trace.trace_state),
-        tree.root_id,
-        otlp.parent_field(parent),
-        otlp.name_kind(f"{ctx.method} {route}", otlp.KIND_SERVER),
-        start_ns,
-        tree.wall + int(request_s * 1e9),
-        attrs,
-        otlp.tail(status, flags, message),
-    )
+    return attrs
 
 
 def _content_attrs(ctx: RequestContext) -> list[bytes]:
