@@ -489,3 +489,52 @@ def test_k8s_prometheus_example_keeps_the_pods_the_deployment_annotates() -> Non
     ) == (f"10.1.2.3:{meta['annotations']['prometheus.io/port']}")
     (path,) = [r for r in job["relabel_configs"] if r.get("target_label") == "__metrics_path__"]
     assert pod[path["source_labels"][0]] == "/metrics"
+
+
+# ---------------------------------------------------------------- the operator's guide
+
+
+def test_deploy_readme_names_panels_alerts_and_log_fields_that_exist() -> None:
+    text = (DEPLOY / "README.md").read_text()
+    dashboard = _yaml(DEPLOY / "grafana/dashboards/llm-gateway.json")  # JSON is YAML
+
+    def titles(panels: list[dict[str, Any]]) -> set[str]:
+        out = set()
+        for p in panels:
+            out.add(p["title"])
+            out |= titles(p.get("panels", []))
+        return out
+
+    panel_titles = titles(dashboard["panels"])
+    referenced = set(re.findall(r'panel\s+"([^"]+)"', text))
+    assert len(referenced) >= 15
+    assert referenced <= panel_titles, referenced - panel_titles
+    alerts = {
+        r["alert"] for g in _yaml(DEPLOY / "prometheus/alerts.yml")["groups"] for r in g["rules"]
+    }
+    named = set(re.findall(r"`(Gateway[A-Za-z0-9]+)`", text))
+    assert named == alerts, named ^ alerts
+    for symptom in (
+        "Slow DNS or connect",
+        "Proxy overhead",
+        "Buffering",
+        "Cache-miss storm",
+        "A backend down",
+        "Rate limiting",
+        "Slow time to first token",
+    ):
+        assert f"### {symptom}" in text, symptom
+    for field in (
+        "trace_id span_id request_id method path status model route backend tenant cache "
+        "request_time_ms upstream_time_ms overhead_ms ttft_ms tokens"
+    ).split():
+        assert f"`{field}`" in text, field
+    for attribute in (
+        "hop.name",
+        "gateway.overhead_ms",
+        "gateway.ttft_ms",
+        "gen_ai.response.time_to_first_chunk",
+        "gateway.cache",
+        "gateway doctor BASE_URL",
+    ):
+        assert attribute in text, attribute
