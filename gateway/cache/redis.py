@@ -35,6 +35,8 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
+# private API, kept on purpose (see _KeyFirstCommandsParser); pyproject bounds redis to the
+# minors the suite ran against (lowest and newest), README "Dependencies" says why
 from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
