@@ -28,6 +28,7 @@ _CONSUMED = HOP_BY_HOP | {
     b"content-length",
     b"authorization",
     b"api-key",
+    b"x-api-key",
     b"accept-encoding",
     b"content-encoding",
     b"expect",
@@ -40,7 +41,7 @@ _CONSUMED = HOP_BY_HOP | {
     b"tracestate",
 }
 #: the client's credentials: consumed, never forwarded (the backend sends its own key)
-_CREDENTIALS = frozenset({b"authorization", b"api-key"})
+_CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 #: forwarded, and also noted for the cache (SPEC §10)
 _NOTED = frozenset({b"cache-control", b"openai-organization", b"openai-project"})
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")

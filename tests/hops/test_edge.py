@@ -293,3 +293,26 @@ def test_upstream_connections_are_reused(gateway, upstream):
             conn.close()
     assert len(up.requests) == 20
     assert up.connections == 1
+
+
+@pytest.mark.parametrize("header", ["x-api-key", "api-key", "authorization"])
+def test_no_client_credential_header_reaches_the_upstream(gateway, upstream, header):
+    """SPEC §5: Authorization, api-key and x-api-key (what the Anthropic SDK sends) are the
+    client's credential; the upstream gets only the backend's own key."""
+    up = upstream(answering(b'{"ok": true}'))
+    gw = gateway(config_for(up.url))
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+    try:
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=CHAT,
+            headers={"Content-Type": "application/json", header: CLIENT_KEY},
+        )
+        assert conn.getresponse().read() == b'{"ok": true}'
+    finally:
+        conn.close()
+    (seen,) = up.requests
+    assert all(CLIENT_KEY not in v for _, v in seen.headers), seen.headers
+    assert seen.header("x-api-key") is None and seen.header("api-key") is None
+    assert seen.header("authorization") == f"Bearer {BACKEND_KEY}"
