@@ -81,9 +81,11 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         backends[cfg.name] = Backend(cfg, for_backend(cfg), env)
     routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)
     # not tracing: no per-attempt header hook and no span ids, a bare attempt path
-    upstream = (
-        Upstream(tracing.attempt_headers, tracing.new_span_id) if tracing.enabled else Upstream()
-    )
+    upstream = Upstream()
+    if tracing.enabled:
+        # under opentelemetry-instrument the attempt is the current span while its client runs
+        scope = tracing.attempt_current if tracing.auto_instrumented() else None
+        upstream = Upstream(tracing.attempt_headers, tracing.new_span_id, scope)
     return Runtime(
         config=config,
         edge=Edge(config.edge),

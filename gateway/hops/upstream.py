@@ -14,6 +14,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
 from gateway.context import Attempt, RequestContext
@@ -31,6 +32,8 @@ _B = TypeVar("_B")
 
 #: extra headers per attempt (e.g. traceparent of the attempt's CLIENT span)
 AttemptHeaders = Callable[[RequestContext, Attempt], list[tuple[str, str]]]
+#: a context the transport call runs in (the attempt as the current OpenTelemetry span)
+AttemptScope = Callable[[RequestContext, Attempt], AbstractContextManager[None]]
 
 
 class AttemptPlan(Generic[_B]):
@@ -108,10 +111,12 @@ class Upstream:
         self,
         attempt_headers: AttemptHeaders | None = None,
         new_span_id: Callable[[], int] = lambda: 0,
+        attempt_scope: AttemptScope | None = None,
     ) -> None:
         #: None keeps the attempt path bare when nothing needs per-attempt headers
         self._attempt_headers = attempt_headers
         self._new_span_id = new_span_id
+        self._attempt_scope = attempt_scope
 
     async def forward(
         self,
@@ -133,12 +138,7 @@ class Upstream:
                 await asyncio.sleep(delay)
             attempt = self._begin(ctx, backend, plan.number)
             try:
-                resp = await backend.transport.request(
-                    ctx.method,
-                    backend.url_for(ctx.path, ctx.query),
-                    self._headers(ctx, backend, attempt),
-                    body,
-                )
+                resp = await self._send(ctx, backend, attempt, body)
             except GatewayError as exc:
                 attempt.finished()
                 attempt.error = exc
@@ -165,6 +165,20 @@ class Upstream:
             ctx.timeline.upstream_first_byte = attempt.first_byte
             return resp, attempt
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    async def _send(
+        self, ctx: RequestContext, backend: Backend, attempt: Attempt, body: Body
+    ) -> UpstreamResponse:
+        request = backend.transport.request(
+            ctx.method,
+            backend.url_for(ctx.path, ctx.query),
+            self._headers(ctx, backend, attempt),
+            body,
+        )
+        if self._attempt_scope is None:
+            return await request
+        with self._attempt_scope(ctx, attempt):
+            return await request
 
     def _begin(self, ctx: RequestContext, backend: Backend, number: int) -> Attempt:
         attempt = Attempt(backend, number, self._new_span_id())

@@ -788,27 +788,6 @@ def make_exporter(cfg: TracingConfig, env: Mapping[str, str] | None = None) -> B
     return HTTPExporter(settings)
 
 
-# Transitional: tracing.make_exporter still builds exporters by these two names; it moves to
-# make_exporter() above, then these go.
-def OTLPHttpExporter(endpoint: str | None, timeout: float | None) -> BatchExporter:
-    return make_exporter(_legacy_config(endpoint, timeout, "http/protobuf"))
-
-
-def OTLPGrpcExporter(endpoint: str | None, timeout: float | None) -> BatchExporter:
-    return make_exporter(_legacy_config(endpoint, timeout, "grpc"))
-
-
-def _legacy_config(
-    endpoint: str | None, timeout: float | None, protocol: Protocol_
-) -> TracingConfig:
-    return TracingConfig(
-        exporter="otlp",
-        endpoint=endpoint,
-        protocol=protocol,
-        export_timeout_s=timeout or _DEFAULTS.export_timeout_s,
-    )
-
-
 # ---------------------------------------------------------------- the queue
 
 

@@ -14,27 +14,26 @@ The span tree itself is written by :mod:`gateway.telemetry.spans`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 import random
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gateway import __version__
 from gateway.config import TracingConfig
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.telemetry import otlp
-from gateway.telemetry.export import (
-    BatchExporter,
-    ConsoleExporter,
-    OTLPGrpcExporter,
-    OTLPHttpExporter,
-    SpanQueue,
-)
+from gateway.telemetry.export import BatchExporter, SpanQueue, make_exporter
 from gateway.telemetry.spans import EdgeHop, build_spans
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACE_ID_LIMIT = (1 << 64) - 1
 SCOPE_NAME = "llm-gateway"
+log = logging.getLogger("gateway.tracing")
 
 
 def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
@@ -58,6 +57,72 @@ def _span_id() -> int:
             return sid
 
 
+_DEFAULT = TracingConfig()
+
+
+def effective_config(cfg: TracingConfig, env: Mapping[str, str]) -> tuple[TracingConfig, bool]:
+    """``cfg`` with the ``OTEL_*`` variables applied where it leaves a key at its default
+    (SPEC §7: an explicit config key wins), and whether sampling follows a parent.
+
+    ``OTEL_SDK_DISABLED=true`` turns tracing off whatever the file says;
+    ``OTEL_TRACES_EXPORTER`` (otlp | console | none) applies to ``exporter``;
+    ``OTEL_TRACES_SAMPLER`` / ``_ARG`` to ``sample_ratio`` (``always_on``, ``always_off``,
+    ``traceidratio`` and their ``parentbased_`` forms).
+    """
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return dataclasses.replace(cfg, exporter="none"), True
+    changes: dict[str, Any] = {}
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if cfg.exporter == _DEFAULT.exporter and exporter in ("otlp", "console", "none"):
+        changes["exporter"] = exporter
+    parent_based = True
+    sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if cfg.sample_ratio == _DEFAULT.sample_ratio and sampler:
+        ratio = _sampler_ratio(sampler, env.get("OTEL_TRACES_SAMPLER_ARG"))
+        if ratio is not None:
+            changes["sample_ratio"] = ratio
+            parent_based = sampler.startswith("parentbased_")
+    return (dataclasses.replace(cfg, **changes) if changes else cfg), parent_based
+
+
+def _sampler_ratio(sampler: str, arg: str | None) -> float | None:
+    name = sampler.removeprefix("parentbased_")
+    if name == "always_on":
+        return 1.0
+    if name == "always_off":
+        return 0.0
+    if name == "traceidratio":
+        try:
+            ratio = float(arg) if arg is not None else 1.0
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            log.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in 0..1: using 1.0", arg)
+            return 1.0
+        return ratio
+    log.warning("OTEL_TRACES_SAMPLER=%r is not supported: using the config's sampler", sampler)
+    return None
+
+
+def resource_attributes(cfg: TracingConfig) -> dict[str, otlp.AttrValue]:
+    """``service.name`` and friends: an explicit config key wins, then ``OTEL_SERVICE_NAME``,
+    then ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, then the config default."""
+    from opentelemetry.sdk.resources import Resource
+
+    given: dict[str, str] = {"service.version": __version__}
+    if cfg.service_name != _DEFAULT.service_name:
+        given["service.name"] = cfg.service_name
+    # Resource.create adds the SDK's defaults, OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
+    attrs: dict[str, otlp.AttrValue] = {
+        k: v
+        for k, v in Resource.create(given).attributes.items()
+        if isinstance(v, str | bool | int | float)
+    }
+    if str(attrs.get("service.name", "")).startswith("unknown_service"):
+        attrs["service.name"] = cfg.service_name
+    return attrs
+
+
 class Tracing:
     """Per-app tracing state: sampler bound, encoder, export queue. No per-request state."""
 
@@ -69,10 +134,12 @@ class Tracing:
         cache_backend: str = "memory",
         auth_mode: str = "off",
         exporter: BatchExporter | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
+        environ = os.environ if env is None else env
+        cfg, self._parent_based = effective_config(cfg, environ)
         self.cfg = cfg
         #: hop.index of auth is edge_hop_count + 1, of router + 2 (SPEC §7)
         self.edge_hop_count = edge_hop_count
@@ -84,17 +151,9 @@ class Tracing:
         self.queue: SpanQueue | None = None
         if not self.enabled:
             return
-        service = cfg.service_name
-        if service == "llm-gateway" and os.environ.get("OTEL_SERVICE_NAME"):
-            service = os.environ["OTEL_SERVICE_NAME"]
-        # Resource.create adds the SDK's defaults and OTEL_RESOURCE_ATTRIBUTES
-        resource = Resource.create({"service.name": service, "service.version": __version__})
-        attrs: dict[str, otlp.AttrValue] = {
-            k: v for k, v in resource.attributes.items() if isinstance(v, str | bool | int | float)
-        }
-        encoder = otlp.RequestEncoder(attrs, SCOPE_NAME, __version__)
+        encoder = otlp.RequestEncoder(resource_attributes(cfg), SCOPE_NAME, __version__)
         if exporter is None:
-            exporter = make_exporter(cfg)
+            exporter = make_exporter(cfg, environ)  # ExportConfigError: a startup error
         self.queue = SpanQueue(
             exporter,
             encoder,
@@ -112,7 +171,8 @@ class Tracing:
             parent = parse_traceparent(incoming[0])
         if parent is not None:
             trace_id, parent_id, parent_sampled = parent
-            sampled = parent_sampled  # ParentBased: follow the remote parent's decision
+            # ParentBased: follow the remote parent's decision (else decide on the trace id)
+            sampled = parent_sampled if self._parent_based else self.sample(trace_id)
             state = incoming[1].decode("latin-1") if incoming and incoming[1] else ""
         else:
             trace_id = random.getrandbits(128) or 1
@@ -132,6 +192,40 @@ class Tracing:
         if trace.trace_state:
             headers.append(("tracestate", trace.trace_state))
         return headers
+
+    @staticmethod
+    def auto_instrumented() -> bool:
+        """Whether an OpenTelemetry SDK is installed globally (``opentelemetry-instrument``):
+        then instrumented libraries (aiohttp's client, ...) make spans of their own."""
+        from opentelemetry import trace
+
+        provider = trace.get_tracer_provider()
+        return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+    @contextlib.contextmanager
+    def attempt_current(self, ctx: RequestContext, attempt: Attempt) -> Iterator[None]:
+        """The attempt's CLIENT span as the current OpenTelemetry span while its client library
+        runs, so auto-instrumented spans nest under the gateway's trace (SPEC §7)."""
+        from opentelemetry import context, trace
+
+        ids = ctx.trace
+        assert ids is not None
+        span = trace.NonRecordingSpan(
+            trace.SpanContext(
+                ids.trace_id,
+                attempt.span_id,
+                is_remote=False,
+                trace_flags=trace.TraceFlags(0x01 if ids.sampled else 0x00),
+                trace_state=trace.TraceState.from_header([ids.trace_state])
+                if ids.trace_state
+                else None,
+            )
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            yield
+        finally:
+            context.detach(token)
 
     def new_span_id(self) -> int:
         return _span_id()
@@ -168,12 +262,3 @@ class Tracing:
     def shutdown(self) -> None:
         if self.queue is not None:
             self.queue.shutdown(self.cfg.shutdown_timeout_s)
-
-
-def make_exporter(cfg: TracingConfig) -> BatchExporter:
-    timeout = cfg.export_timeout_s
-    if cfg.exporter == "console":
-        return ConsoleExporter()
-    if cfg.protocol == "grpc":
-        return OTLPGrpcExporter(cfg.endpoint, timeout)
-    return OTLPHttpExporter(cfg.endpoint, timeout)
