@@ -229,6 +229,8 @@ class RequestContext:
     trace: TraceContext | None = None
     # -- from auth
     tenant: str | None = None
+    #: the caller's key has ``admin = true`` (may open the live view when auth is on)
+    admin = False
     # -- from the router
     #: the response coding negotiated from Accept-Encoding (SPEC §9)
     coding = "identity"
