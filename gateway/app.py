@@ -49,6 +49,8 @@ class Gateway:
             "/healthz": endpoints.healthz,
             "/readyz": endpoints.readyz,
         }
+        if config.metrics.enabled:
+            self._endpoints["/metrics"] = endpoints.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -85,6 +87,7 @@ class Gateway:
 
     async def startup(self) -> None:
         self.runtime = build_runtime(self.config)
+        await self.runtime.start()
 
     async def shutdown(self) -> None:
         rt, self.runtime = self.runtime, None

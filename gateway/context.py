@@ -194,6 +194,20 @@ class Answer:
         #: completion text pieces, collected only with tracing.capture_content = true
         self.captured: list[str] | None = None
 
+    def error_type(self) -> str | None:
+        """What went wrong, for metrics and logs: the gateway error's code, or the kind of an
+        upstream error answer passed through, or a client that went away (None: no error)."""
+        error = self.error
+        if error is not None:
+            return error.code or error.type
+        if self.status == 499:
+            return "client_disconnected"
+        if self.status >= 500:
+            return "upstream_server_error"
+        if self.status >= 400:
+            return "upstream_client_error"
+        return None
+
     def usage(self, input_tokens: Any, output_tokens: Any) -> None:
         if type(input_tokens) is int:
             self.input_tokens = input_tokens

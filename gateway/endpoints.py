@@ -46,6 +46,27 @@ async def not_found(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> 
         raise NotFound(f"no such endpoint: {scope['path']}", code="unknown_path")
 
 
+async def metrics(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+    """Prometheus text, or OpenMetrics (with trace_id exemplars) when the scraper asks."""
+    exposition = rt.exposition
+    if exposition is None:  # [metrics] enabled = false: no endpoint
+        await not_found(rt, scope, receive, send)
+        return
+    accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+    body, content_type = exposition.render(accept.decode("latin-1"))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 async def healthz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
     await plain_json(send, 200, {"status": "ok"})
 

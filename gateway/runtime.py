@@ -23,6 +23,7 @@ from gateway.routes import Backend, Route
 from gateway.scope import RequestScope
 from gateway.telemetry import Telemetry
 from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.metrics import METRICS_DIR_ENV, Exposition, Metrics, WorkerSnapshots
 from gateway.telemetry.tracing import Tracing
 from gateway.transports import for_backend
 from gateway.types import Scope, Send
@@ -41,6 +42,8 @@ class Runtime:
     cache: ResponseCache
     telemetry: Telemetry
     max_body: int
+    #: GET /metrics (None with [metrics] enabled = false)
+    exposition: Exposition | None = None
 
     def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
         """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""
@@ -50,7 +53,14 @@ class Runtime:
     def tracing(self) -> Tracing:
         return self.telemetry.tracing
 
+    async def start(self) -> None:
+        """Background work of a started runtime (the metrics snapshots of workers > 1)."""
+        if self.exposition is not None:
+            self.exposition.start()
+
     async def aclose(self) -> None:
+        if self.exposition is not None:
+            await self.exposition.stop()
         await asyncio.gather(
             *(b.transport.aclose() for b in self.backends.values()), return_exceptions=True
         )
@@ -86,6 +96,18 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         # under opentelemetry-instrument the attempt is the current span while its client runs
         scope = tracing.attempt_current if tracing.auto_instrumented() else None
         upstream = Upstream(tracing.attempt_headers, tracing.new_span_id, scope)
+    metrics = exposition = None
+    if config.metrics.enabled:
+        metrics = Metrics(
+            {r.name: r.models for r in config.routes},
+            lambda: {
+                # passive health is per process: until it lands every backend is in rotation
+                "gateway_backend_up": {(name,): 1.0 for name in backends},
+                "gateway_ratelimit_fallback": {(): 0.0},
+            },
+        )
+        shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it
+        exposition = Exposition(metrics, WorkerSnapshots(shared, metrics) if shared else None)
     return Runtime(
         config=config,
         edge=Edge(config.edge),
@@ -94,6 +116,7 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         upstream=upstream,
         backends=backends,
         cache=ResponseCache(config.cache, make_store(config.cache)),
-        telemetry=Telemetry(tracing, AccessLog(config.logging)),
+        telemetry=Telemetry(tracing, AccessLog(config.logging), metrics=metrics),
         max_body=config.server.max_body_bytes,
+        exposition=exposition,
     )

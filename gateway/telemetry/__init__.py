@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.context import RequestContext
 from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.server_timing import edge_intervals, server_timing
 from gateway.telemetry.spans import EdgeHop
 from gateway.telemetry.tracing import Tracing
@@ -22,15 +23,24 @@ Sink = Callable[[RequestContext, list[EdgeHop]], None]
 
 
 class Telemetry:
-    def __init__(self, tracing: Tracing, access_log: AccessLog, sinks: Sequence[Sink] = ()) -> None:
+    def __init__(
+        self,
+        tracing: Tracing,
+        access_log: AccessLog,
+        sinks: Sequence[Sink] = (),
+        metrics: Metrics | None = None,
+    ) -> None:
         self.tracing = tracing
         self.access_log = access_log
-        self._sinks = tuple(sinks)
+        self.metrics = metrics
+        self._sinks: tuple[Sink, ...] = (metrics, *sinks) if metrics is not None else tuple(sinks)
         self._traced = tracing.enabled
         self._capture = tracing.capture_content
 
     def begin(self, ctx: RequestContext) -> None:
         """Trace ids for a new request; when not tracing, stay transparent to the client's."""
+        if self.metrics is not None:
+            self.metrics.begin(ctx)  # in flight until finish()
         if self._traced:
             self.tracing.begin(ctx, ctx.incoming_trace)
             if self._capture:

@@ -80,6 +80,7 @@ def line(ctx: RequestContext) -> dict[str, Any]:
         "ttft_ms": round(ttft * 1000, 3) if ttft is not None else None,
         "tokens": {"input": answer.input_tokens, "output": answer.output_tokens},
     }
-    if answer.error is not None:
-        out["error_type"] = answer.error.code or answer.error.type
+    kind = answer.error_type()
+    if kind is not None:
+        out["error_type"] = kind
     return out

@@ -1,0 +1,444 @@
+"""Prometheus metrics (SPEC §11), derived from the Timeline in one place at request end.
+
+The hot path does plain dict and list arithmetic (:class:`Histogram`, :class:`Counter`): no
+locks, no label objects, no string formatting. prometheus-client only renders, at scrape time,
+through its public exposition API: the text format, or OpenMetrics — with exemplars carrying the
+trace id — when the scraper asks for it.
+
+``workers > 1`` (one scrape of the shared port must give every worker's totals): each worker
+writes a snapshot of its aggregates to a shared directory (``$GATEWAY_METRICS_DIR``, made by
+``gateway serve``) once a second, at every scrape and at shutdown; the worker that answers a scrape
+writes its own snapshot first, then merges every worker's file. Every scrape therefore reads
+only files, and files only grow, so a counter never goes backwards between two scrapes answered
+by different workers; another worker's numbers are at most one second old. Exemplars survive the
+merge (the newest per bucket). Gauges count only workers that are alive. prometheus-client's own
+multiprocess mode was not used: it drops exemplars and takes a lock per observation.
+
+Label values are bounded: ``route`` is a configured route name, ``model`` a route pattern or the
+model the upstream answered with (at most :data:`MAX_MODELS` distinct ones, then ``other``),
+``backend`` a configured backend, ``hop`` a configured edge hop or auth / router / upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import fnmatch
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.samples import Exemplar
+
+from gateway.context import RequestContext
+from gateway.telemetry.spans import EdgeHop
+
+log = logging.getLogger("gateway.metrics")
+
+#: SPEC §11: duration buckets cover 0.1 s … 10 s plus finer ones below (and LLM-long ones above)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: the overhead and hop histograms start at 0.1 ms
+FINE_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025)
+FINE_BUCKETS = (*FINE_BUCKETS, 0.05, 0.1, 0.25, 0.5, 1)
+MAX_MODELS = 200
+OTHER = "other"
+METRICS_DIR_ENV = "GATEWAY_METRICS_DIR"
+SNAPSHOT_INTERVAL_S = 1.0
+
+Labels = tuple[str, ...]
+#: (trace id, value, unix time) of the newest traced observation in a bucket
+ExemplarData = tuple[int, float, float]
+
+
+class Counter:
+    __slots__ = ("doc", "labelnames", "name", "values")
+
+    def __init__(self, name: str, doc: str, labelnames: Labels) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = labelnames
+        self.values: dict[Labels, float] = {}
+
+    def inc(self, labels: Labels, amount: float = 1.0) -> None:
+        values = self.values
+        values[labels] = values.get(labels, 0.0) + amount
+
+
+class Histogram:
+    __slots__ = ("bounds", "doc", "exemplars", "labelnames", "name", "series")
+
+    def __init__(self, name: str, doc: str, labelnames: Labels, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = labelnames
+        self.bounds = bounds
+        #: labels -> [count per bucket (non-cumulative, last = +Inf)..., sum]
+        self.series: dict[Labels, list[float]] = {}
+        #: labels -> bucket index -> exemplar
+        self.exemplars: dict[Labels, dict[int, ExemplarData]] = {}
+
+    def observe(self, labels: Labels, value: float, trace_id: int | None = None) -> None:
+        row = self.series.get(labels)
+        if row is None:
+            row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
+        i = bisect.bisect_left(self.bounds, value)  # le: a value equal to a bound counts in it
+        row[i] += 1
+        row[-1] += value
+        if trace_id is not None:
+            self.exemplars.setdefault(labels, {})[i] = (trace_id, value, time.time())
+
+
+class Metrics:
+    """The SPEC §11 metrics of one process; a :data:`gateway.telemetry.Sink` at request end."""
+
+    def __init__(
+        self,
+        route_patterns: Mapping[str, tuple[str, ...]],
+        gauges: Callable[[], dict[str, dict[Labels, float]]] | None = None,
+    ) -> None:
+        self.requests = Counter(
+            "gateway_requests", "Requests answered", ("route", "model", "status_code")
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from the first request byte to the last response byte",
+            ("route", "model"),
+            DURATION_BUCKETS,
+        )
+        self.upstream_duration = Histogram(
+            "gateway_upstream_duration_seconds",
+            "Time of each upstream attempt",
+            ("backend", "model"),
+            DURATION_BUCKETS,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Request time minus upstream time (nginx's $request_time - $upstream_response_time)",
+            ("route",),
+            FINE_BUCKETS,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from the first request byte to the first content event sent (streams)",
+            ("model",),
+            DURATION_BUCKETS,
+        )
+        self.hops = Histogram(
+            "gateway_hop_duration_seconds",
+            "Time spent in each hop: edge hops, auth, router, upstream",
+            ("hop",),
+            FINE_BUCKETS,
+        )
+        self.tokens = Counter("gateway_tokens", "Tokens the upstreams reported", ("model", "kind"))
+        self.errors = Counter(
+            "gateway_errors", "Answers that were errors", ("status_code", "error_type")
+        )
+        self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
+        self.counters = (self.requests, self.tokens, self.errors, self.cache)
+        self.histograms = (
+            self.request_duration,
+            self.upstream_duration,
+            self.overhead,
+            self.ttft,
+            self.hops,
+        )
+        #: route name -> its literal (glob-free) model patterns
+        self._literal = {
+            name: frozenset(p for p in patterns if not set(p) & set("*?["))
+            for name, patterns in route_patterns.items()
+        }
+        self._patterns = route_patterns
+        self._models: set[str] = set()
+        self._gauges = gauges
+        #: requests in flight (their route is read at scrape time: it may not be known yet)
+        self.inflight: dict[int, RequestContext] = {}
+
+    # ------------------------------------------------------------ per request
+
+    def begin(self, ctx: RequestContext) -> None:
+        self.inflight[id(ctx)] = ctx
+
+    def __call__(self, ctx: RequestContext, edges: list[EdgeHop]) -> None:
+        """Record one finished request (the Telemetry sink)."""
+        self.inflight.pop(id(ctx), None)
+        t = ctx.timeline
+        answer = ctx.answer
+        call = ctx.call
+        route = call.route.name if call is not None else "none"
+        model = self.model_label(ctx)
+        status = str(answer.status)
+        done = t.done if t.done is not None else t.received
+        request_s = done - t.received
+        upstream_s = ctx.upstream_time(done)
+        trace = ctx.trace
+        trace_id = trace.trace_id if trace is not None and trace.sampled else None
+        self.requests.inc((route, model, status))
+        self.request_duration.observe((route, model), request_s, trace_id)
+        self.overhead.observe((route,), max(0.0, request_s - upstream_s), trace_id)
+        for attempt in ctx.attempts:
+            backend = (attempt.backend.name, model)
+            self.upstream_duration.observe(backend, attempt.duration(done), trace_id)
+        if t.first_content is not None:
+            self.ttft.observe((model,), t.first_content - t.received, trace_id)
+        self._hops(ctx, edges, upstream_s)
+        if answer.input_tokens:
+            self.tokens.inc((model, "input"), answer.input_tokens)
+        if answer.output_tokens:
+            self.tokens.inc((model, "output"), answer.output_tokens)
+        kind = answer.error_type()
+        if kind is not None:
+            self.errors.inc((status, kind))
+        outcome = ctx.cache
+        if outcome.result != "off":
+            self.cache.inc((outcome.result,))
+        if outcome.error:
+            self.cache.inc(("error",))
+
+    def _hops(self, ctx: RequestContext, edges: list[EdgeHop], upstream_s: float) -> None:
+        hops = self.hops
+        for name, _index, start, end in edges:
+            hops.observe((name,), end - start)
+        t = ctx.timeline
+        if t.auth_done is not None:
+            hops.observe(("auth",), t.auth_done - t.received)
+            if t.routed is not None:
+                hops.observe(("router",), t.routed - t.auth_done)
+        if ctx.attempts:
+            hops.observe(("upstream",), upstream_s)
+
+    def model_label(self, ctx: RequestContext) -> str:
+        """A bounded ``model`` label: never an arbitrary client string (SPEC §11)."""
+        call = ctx.call
+        if call is None or ctx.model is None:
+            return OTHER
+        if ctx.model in self._literal.get(call.route.name, ()):
+            return ctx.model
+        answered = ctx.answer.response_model
+        if answered is not None and (answered in self._models or len(self._models) < MAX_MODELS):
+            self._models.add(answered)
+            return answered
+        # the route pattern that matched (bounded by the config)
+        model = ctx.model
+        return next(
+            (p for p in self._patterns.get(call.route.name, ()) if fnmatch.fnmatchcase(model, p)),
+            OTHER,
+        )
+
+    # ------------------------------------------------------------ scrape
+
+    def snapshot(self) -> dict[str, Any]:
+        """This process's aggregates as plain data (JSON-able; merged across workers)."""
+        inflight: dict[str, float] = {}
+        for ctx in list(self.inflight.values()):
+            route = ctx.call.route.name if ctx.call is not None else "none"
+            inflight[route] = inflight.get(route, 0.0) + 1
+        gauges: dict[str, list[list[Any]]] = {
+            "gateway_inflight_requests": [[[r], v] for r, v in inflight.items()]
+        }
+        for name, series in (self._gauges() if self._gauges else {}).items():
+            gauges[name] = [[list(labels), v] for labels, v in series.items()]
+        return {
+            "pid": os.getpid(),
+            "counters": {
+                c.name: [[list(k), v] for k, v in c.values.items()] for c in self.counters
+            },
+            "histograms": {
+                h.name: [
+                    [list(k), row, [[i, *ex] for i, ex in h.exemplars.get(k, {}).items()]]
+                    for k, row in h.series.items()
+                ]
+                for h in self.histograms
+            },
+            "gauges": gauges,
+        }
+
+    def families(self, snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
+        """prometheus-client metric families of the merged snapshots."""
+        for c in self.counters:
+            fam = CounterMetricFamily(c.name, c.doc, labels=c.labelnames)
+            for labels, value in _merge_counters(snapshots, c.name).items():
+                fam.add_metric(labels, value)
+            yield fam
+        for h in self.histograms:
+            yield _histogram_family(h, snapshots)
+        for name, (doc, labelnames, combine) in GAUGES.items():
+            gauge = GaugeMetricFamily(name, doc, labels=labelnames)
+            for labels, value in _merge_gauges(snapshots, name, combine).items():
+                gauge.add_metric(labels, value)
+            yield gauge
+
+
+#: gauge name -> (help, labels, how workers combine)
+GAUGES: dict[str, tuple[str, Labels, Callable[[list[float]], float]]] = {
+    "gateway_inflight_requests": ("Requests in flight", ("route",), sum),
+    "gateway_backend_up": ("1 = the backend is in rotation, 0 = ejected", ("backend",), min),
+    "gateway_ratelimit_fallback": (
+        "1 while rate limits count per process because Redis is unreachable",
+        (),
+        max,
+    ),
+}
+
+
+def _merge_counters(snapshots: list[dict[str, Any]], name: str) -> dict[Labels, float]:
+    out: dict[Labels, float] = {}
+    for snap in snapshots:
+        for labels, value in snap["counters"].get(name, ()):
+            key = tuple(labels)
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _merge_gauges(
+    snapshots: list[dict[str, Any]], name: str, combine: Callable[[list[float]], float]
+) -> dict[Labels, float]:
+    values: dict[Labels, list[float]] = {}
+    for snap in snapshots:
+        for labels, value in snap["gauges"].get(name, ()):
+            values.setdefault(tuple(labels), []).append(value)
+    return {labels: combine(vs) for labels, vs in values.items()}
+
+
+def _histogram_family(h: Histogram, snapshots: list[dict[str, Any]]) -> HistogramMetricFamily:
+    rows: dict[Labels, list[float]] = {}
+    exemplars: dict[Labels, dict[int, ExemplarData]] = {}
+    for snap in snapshots:
+        for labels, row, exs in snap["histograms"].get(h.name, ()):
+            key = tuple(labels)
+            acc = rows.get(key)
+            rows[key] = list(row) if acc is None else [a + b for a, b in zip(acc, row, strict=True)]
+            best = exemplars.setdefault(key, {})
+            for i, trace_id, value, ts in exs:
+                if i not in best or best[i][2] < ts:
+                    best[i] = (trace_id, value, ts)
+    fam = HistogramMetricFamily(h.name, h.doc, labels=h.labelnames)
+    bounds = [*(_le(b) for b in h.bounds), "+Inf"]
+    for labels, row in rows.items():
+        buckets: list[Any] = []
+        cumulative = 0.0
+        for i, le in enumerate(bounds):
+            cumulative += row[i]
+            ex = exemplars.get(labels, {}).get(i)
+            if ex is None:
+                buckets.append((le, cumulative))
+            else:
+                trace_id, value, ts = ex
+                buckets.append(
+                    (le, cumulative, Exemplar({"trace_id": f"{trace_id:032x}"}, value, ts))
+                )
+        fam.add_metric(labels, buckets, row[-1])
+    return fam
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+# ---------------------------------------------------------------- workers > 1
+
+
+class WorkerSnapshots:
+    """Snapshot files of the workers sharing one port (see the module docstring)."""
+
+    def __init__(self, directory: str, metrics: Metrics) -> None:
+        self.dir = Path(directory)
+        self.metrics = metrics
+        self.path = self.dir / f"worker-{os.getpid()}.json"
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.metrics.snapshot()))
+        os.replace(tmp, self.path)
+
+    def read_all(self) -> list[dict[str, Any]]:
+        """Every worker's snapshot; gauges only from workers still alive."""
+        out = []
+        for path in sorted(self.dir.glob("worker-*.json")):
+            try:
+                snap = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # a file being replaced or a torn one: the next scrape has it
+            if snap.get("pid") != os.getpid() and not _alive(int(snap.get("pid", 0))):
+                snap["gauges"] = {}
+            out.append(snap)
+        return out
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def scrape_snapshots(metrics: Metrics, workers: WorkerSnapshots | None) -> list[dict[str, Any]]:
+    if workers is None:
+        return [metrics.snapshot()]
+    with contextlib.suppress(OSError):
+        workers.write()
+    return workers.read_all()
+
+
+class Exposition:
+    """``GET /metrics``: content negotiation (text 0.0.4, or OpenMetrics with exemplars)."""
+
+    def __init__(self, metrics: Metrics, workers: WorkerSnapshots | None) -> None:
+        self.metrics = metrics
+        self.workers = workers
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.workers is not None:
+            self._task = asyncio.get_running_loop().create_task(self._snapshots(self.workers))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.workers is not None:  # a stopped worker's totals still count
+            with contextlib.suppress(OSError):
+                self.workers.write()
+
+    @staticmethod
+    async def _snapshots(workers: WorkerSnapshots) -> None:
+        while True:
+            try:
+                workers.write()
+            except OSError as exc:
+                log.warning("metrics snapshot not written: %s", exc)
+            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept)
+        snapshots = scrape_snapshots(self.metrics, self.workers)
+        return encoder(_Families(self.metrics, snapshots)), content_type
+
+
+class _Families:
+    """What prometheus-client's encoders call ``collect()`` on (a registry stand-in)."""
+
+    def __init__(self, metrics: Metrics, snapshots: list[dict[str, Any]]) -> None:
+        self._metrics = metrics
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterator[Metric]:
+        return self._metrics.families(self._snapshots)

@@ -1,0 +1,135 @@
+"""The JSON access log (SPEC §11): its fields, its sampling, and what it never holds."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from gateway.telemetry.logs import ACCESS_LOGGER
+from tests.support import gateway_config
+
+PROMPT_MARKER = "prompt-marker-7f3a"
+CLIENT_KEY = "sk-client-key-must-not-be-logged"
+FIELDS = {
+    "trace_id",
+    "span_id",
+    "request_id",
+    "method",
+    "path",
+    "status",
+    "model",
+    "route",
+    "backend",
+    "tenant",
+    "cache",
+    "request_time_ms",
+    "upstream_time_ms",
+    "overhead_ms",
+    "ttft_ms",
+    "tokens",
+}
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.raw.append(record.getMessage())
+
+    @property
+    def parsed(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.raw]
+
+
+@pytest.fixture
+def lines() -> Iterator[Lines]:
+    handler = Lines()
+    logger = logging.getLogger(ACCESS_LOGGER)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def config(mock_url: str, logging_toml: str):
+    return gateway_config(
+        f"""
+[[backends]]
+name = "mock"
+url = "{mock_url}/v1"
+
+[[routes]]
+name = "gpt"
+models = ["*"]
+backends = ["mock"]
+
+[tracing]
+exporter = "otlp"
+endpoint = "http://127.0.0.1:9"
+
+[logging]
+{logging_toml}
+"""
+    )
+
+
+def calls(base_url: str) -> None:
+    client = openai.OpenAI(base_url=base_url, api_key=CLIENT_KEY, max_retries=0)
+    msg = [{"role": "user", "content": PROMPT_MARKER}]
+    client.chat.completions.create(model="mock-gpt-4o", messages=msg)  # fast 200
+    list(client.chat.completions.create(model="mock-gpt-4o", messages=msg, stream=True))
+    with pytest.raises(openai.APIStatusError):
+        client.chat.completions.create(model="mock-status-503", messages=msg)
+    client.chat.completions.create(  # slow: 300 ms at the upstream
+        model="mock-gpt-4o", messages=msg, extra_headers={"x-mock-latency-ms": "300"}
+    )
+
+
+def test_every_line_is_json_with_the_spec_fields_and_no_secret_or_prompt(
+    gateway, mock_upstream, lines
+):
+    gw = gateway(config(mock_upstream.url, 'access_log = "all"'))
+    calls(gw.base_url)
+    deadline = time.monotonic() + 5
+    while len(lines.raw) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(lines.raw) == 4
+    for raw, line in zip(lines.raw, lines.parsed, strict=True):
+        assert FIELDS <= set(line), FIELDS - set(line)
+        assert PROMPT_MARKER not in raw and CLIENT_KEY not in raw
+        assert len(line["trace_id"]) == 32 and len(line["span_id"]) == 16
+        assert line["route"] == "gpt" and line["backend"] == "mock"
+    by_status = {line["status"]: line for line in lines.parsed}
+    assert by_status[503]["error_type"] is not None
+    stream = next(line for line in lines.parsed if line["stream"])
+    assert stream["ttft_ms"] is not None and stream["ttft_ms"] <= stream["request_time_ms"]
+    ok = next(line for line in lines.parsed if line["status"] == 200 and not line["stream"])
+    assert ok["tokens"]["input"] > 0 and ok["tokens"]["output"] > 0
+    assert ok["request_time_ms"] >= ok["upstream_time_ms"] >= 0
+    assert abs(ok["request_time_ms"] - ok["upstream_time_ms"] - ok["overhead_ms"]) < 0.01
+
+
+def test_sampling_keeps_every_error_and_every_slow_request(gateway, mock_upstream, lines):
+    gw = gateway(
+        config(mock_upstream.url, 'access_log = "sampled"\nslow_ms = 200\nsample_ratio = 0')
+    )
+    calls(gw.base_url)
+    time.sleep(0.2)
+    statuses = sorted(line["status"] for line in lines.parsed)
+    assert statuses == [200, 503]  # the slow 200 and the error; the fast ones are sampled out
+    slow = next(line for line in lines.parsed if line["status"] == 200)
+    assert slow["request_time_ms"] >= 200
+
+
+def test_access_log_off_writes_nothing(gateway, mock_upstream, lines):
+    gw = gateway(config(mock_upstream.url, 'access_log = "off"'))
+    calls(gw.base_url)
+    time.sleep(0.2)
+    assert lines.raw == []
