@@ -67,6 +67,7 @@ def _metrics_text(gw: GatewayServer) -> str:
         with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as resp:
             return resp.read().decode()
     except urllib.error.HTTPError as exc:
+        exc.close()
         raise AssertionError(f"GET /metrics answered {exc.code}: nothing to scrape") from None
 
 
@@ -129,6 +130,7 @@ def _round(client: openai.OpenAI, gw: GatewayServer, n: int) -> None:
     with pytest.raises(urllib.error.HTTPError) as bad:
         urllib.request.urlopen(req, timeout=5)
     assert bad.value.code == 400
+    bad.value.close()  # an HTTPError holds the response's socket
 
 
 @pytest.fixture(scope="module")

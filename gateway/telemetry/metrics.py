@@ -239,7 +239,7 @@ class Metrics:
 
     def snapshot(self) -> dict[str, Any]:
         """This process's aggregates as plain data (JSON-able; merged across workers)."""
-        inflight: dict[str, float] = {}
+        inflight: dict[str, float] = dict.fromkeys(self._patterns, 0.0)  # every route, 0 too
         for ctx in list(self.inflight.values()):
             route = ctx.call.route.name if ctx.call is not None else "none"
             inflight[route] = inflight.get(route, 0.0) + 1
