@@ -4,9 +4,9 @@ Every section is a frozen dataclass; :func:`load_config` builds them from plain 
 collects *every* problem as ``path.to.key: message`` (unknown keys included), so
 ``gateway check-config`` can print them all at once.
 
->>> cfg = load_config(text='[server]\\nport = 9000', env={})
->>> cfg.server.port
-9000
+>>> cfg = load_config(env={"GATEWAY__SERVER__PORT": "9000"})  # the embedded default + env
+>>> cfg.server.port, cfg.backends[0].url
+(9000, 'mock://')
 """
 
 from __future__ import annotations

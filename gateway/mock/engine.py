@@ -499,13 +499,13 @@ def _output_length(limit: int | None, settings: MockSettings) -> tuple[int, bool
     return natural, False
 
 
-def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> MockReply:
+def _responses_invalid(payload: dict[str, Any]) -> MockReply | None:
+    """The 400 the Responses API would answer for this request, if any."""
     raw = payload.get("input")
-    if isinstance(raw, str):
-        items = 1
-    elif isinstance(raw, list) and raw and all(isinstance(x, dict) for x in raw):
-        items = len(raw)
-    else:
+    if not (
+        isinstance(raw, str)
+        or (isinstance(raw, list) and raw and all(isinstance(x, dict) for x in raw))
+    ):
         return _error(
             400, "'input' must be a string or a non-empty array of input items", param="input"
         )
@@ -517,9 +517,7 @@ def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> M
         return _error(
             400, "'max_output_tokens' must be a positive integer", param="max_output_tokens"
         )
-    temperature = payload.get("temperature")
-    if temperature is None:
-        temperature = 1.0
+    temperature = _temperature(payload)
     if (
         not isinstance(temperature, int | float)
         or isinstance(temperature, bool)
@@ -529,9 +527,20 @@ def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> M
     metadata = payload.get("metadata") or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         return _error(400, "'metadata' must be an object of strings", param="metadata")
+    return None
+
+
+def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> MockReply:
+    invalid = _responses_invalid(payload)
+    if invalid is not None:
+        return invalid
+    raw = payload["input"]
+    instructions = payload.get("instructions")
+    limit = payload.get("max_output_tokens")
     n_tokens, incomplete = _output_length(limit, settings)
     rng = _rng(model, [instructions, raw])
     tokens = _text_tokens(rng, n_tokens)
+    items = 1 if isinstance(raw, str) else len(raw)
     input_tokens = max(1, _count_words(raw) + _count_words(instructions) + 3 * items)
     usage = {
         "input_tokens": input_tokens,
@@ -542,45 +551,7 @@ def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> M
     }
     ident = "resp_mock" + rng.getrandbits(192).to_bytes(24, "big").hex()
     msg_id = "msg_mock" + rng.getrandbits(192).to_bytes(24, "big").hex()
-
-    def pick(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
-        value = payload.get(key)
-        return value if isinstance(value, kind) else default
-
-    created = int(time.time())
-    # the fields a Response carries (openai.types.responses.Response); request values echoed
-    response: dict[str, Any] = {
-        "id": ident,
-        "object": "response",
-        "created_at": created,
-        "status": "in_progress",
-        "background": False,
-        "completed_at": None,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": instructions,
-        "max_output_tokens": limit,
-        "max_tool_calls": None,
-        "model": model,
-        "output": [],
-        "parallel_tool_calls": pick("parallel_tool_calls", bool, True),
-        "previous_response_id": pick("previous_response_id", str, None),
-        "prompt_cache_key": pick("prompt_cache_key", str, None),
-        "reasoning": {"effort": None, "summary": None},
-        "safety_identifier": pick("safety_identifier", str, None),
-        "service_tier": "default",
-        "store": pick("store", bool, True),
-        "temperature": temperature,
-        "text": pick("text", dict, {"format": {"type": "text"}, "verbosity": "medium"}),
-        "tool_choice": pick("tool_choice", (str, dict), "auto"),
-        "tools": pick("tools", list, []),
-        "top_logprobs": 0,
-        "top_p": pick("top_p", (int, float), 1.0),
-        "truncation": "disabled",
-        "usage": None,
-        "user": pick("user", str, None),
-        "metadata": metadata,
-    }
+    response = _response_object(payload, ident, model)
     status = "incomplete" if incomplete else "completed"
     done = _responses_done(response, status, msg_id, "".join(tokens), usage)
     if payload.get("stream") is True:
@@ -591,6 +562,52 @@ def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> M
     delay = settings.latency_ms / 1000 + _generation_time(settings, n_tokens)
     done["completed_at"] = int(time.time() + delay) if status == "completed" else None
     return MockReply(200, "application/json", orjson.dumps(done), delay_s=delay)
+
+
+def _temperature(payload: dict[str, Any]) -> Any:
+    value = payload.get("temperature")
+    return 1.0 if value is None else value  # absent or null: the default
+
+
+def _response_object(payload: dict[str, Any], ident: str, model: str) -> dict[str, Any]:
+    """The fields a Response carries (openai.types.responses.Response); request values echoed."""
+
+    def pick(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        value = payload.get(key)
+        return value if isinstance(value, kind) else default
+
+    return {
+        "id": ident,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "background": False,
+        "completed_at": None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": payload.get("instructions"),
+        "max_output_tokens": payload.get("max_output_tokens"),
+        "max_tool_calls": None,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": pick("parallel_tool_calls", bool, True),
+        "previous_response_id": pick("previous_response_id", str, None),
+        "prompt_cache_key": pick("prompt_cache_key", str, None),
+        "reasoning": {"effort": None, "summary": None},
+        "safety_identifier": pick("safety_identifier", str, None),
+        "service_tier": "default",
+        "store": pick("store", bool, True),
+        "temperature": _temperature(payload),
+        "text": pick("text", dict, {"format": {"type": "text"}, "verbosity": "medium"}),
+        "tool_choice": pick("tool_choice", (str, dict), "auto"),
+        "tools": pick("tools", list, []),
+        "top_logprobs": 0,
+        "top_p": pick("top_p", (int, float), 1.0),
+        "truncation": "disabled",
+        "usage": None,
+        "user": pick("user", str, None),
+        "metadata": payload.get("metadata") or {},
+    }
 
 
 def _output_text(text: str) -> dict[str, Any]:

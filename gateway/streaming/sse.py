@@ -1,4 +1,4 @@
-"""Incremental SSE parsing (WHATWG HTML §9.2.6): raw events out of a byte stream.
+r"""Incremental SSE parsing (WHATWG HTML §9.2.6): raw events out of a byte stream.
 
 >>> p = SSEParser()
 >>> p.feed(b"data: a\n\ndata: b")

@@ -215,26 +215,11 @@ def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings
     if (got := _env_var(env, "HEADERS")) is not None:
         headers = parse_headers(got[1], got[0])
 
-    compression: Literal["gzip", "none"] = "none"
-    if (got := _env_var(env, "COMPRESSION")) is not None:
-        name, value = got
-        if value.lower() == "gzip":
-            compression = "gzip"
-        elif value.lower() != "none":
-            log.warning("%s=%r is not supported (gzip | none); not compressing", name, value)
-
+    compression = _compression(env)
     certificate = None
     if (got := _env_var(env, "CERTIFICATE")) is not None:
         certificate = _file(*got)
-    key = _env_var(env, "CLIENT_KEY")
-    cert = _env_var(env, "CLIENT_CERTIFICATE")
-    if (key is None) != (cert is None):
-        have = (key or cert or ("", ""))[0]
-        raise ExportConfigError(
-            f"{have} is set but not its pair: mutual TLS needs both "
-            "OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_KEY and "
-            "OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE"
-        )
+    key, cert = _client_pair(env)
     insecure = False
     if (got := _env_var(env, "INSECURE")) is not None:
         insecure = got[1].lower() == "true"
@@ -249,6 +234,32 @@ def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings
         client_certificate=_file(*cert) if cert else None,
         insecure=insecure,
     )
+
+
+def _compression(env: Mapping[str, str]) -> Literal["gzip", "none"]:
+    if (got := _env_var(env, "COMPRESSION")) is not None:
+        name, value = got
+        if value.lower() == "gzip":
+            return "gzip"
+        if value.lower() != "none":
+            log.warning("%s=%r is not supported (gzip | none); not compressing", name, value)
+    return "none"
+
+
+def _client_pair(
+    env: Mapping[str, str],
+) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """The mutual-TLS key and certificate variables: both or neither."""
+    key = _env_var(env, "CLIENT_KEY")
+    cert = _env_var(env, "CLIENT_CERTIFICATE")
+    if (key is None) != (cert is None):
+        have = (key or cert or ("", ""))[0]
+        raise ExportConfigError(
+            f"{have} is set but not its pair: mutual TLS needs both "
+            "OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_KEY and "
+            "OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE"
+        )
+    return key, cert
 
 
 def display_url(url: str) -> str:

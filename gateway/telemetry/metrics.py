@@ -146,13 +146,11 @@ class Metrics:
         )
         self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
         self.counters = (self.requests, self.tokens, self.errors, self.cache)
-        self.histograms = (
+        self.histograms: tuple[Histogram, ...] = (
             self.request_duration,
             self.upstream_duration,
-            self.overhead,
-            self.ttft,
-            self.hops,
         )
+        self.histograms = (*self.histograms, self.overhead, self.ttft, self.hops)
         #: route name -> its literal (glob-free) model patterns
         self._literal = {
             name: frozenset(p for p in patterns if not set(p) & set("*?["))
