@@ -103,7 +103,9 @@ def test_cache_control_no_store_no_cache_and_max_age():
         await c.complete(ctx, lookup.plan, None)
         await asyncio.sleep(0.02)
         ctx, call = request(CHAT, [(b"cache-control", b"max-age=0")])
-        assert (await c.lookup(ctx, call)).entry is None  # older than 0 s: not accepted
+        stale = await c.lookup(ctx, call)
+        assert stale.entry is None and stale.plan is not None  # older than 0 s: a miss
+        await c.complete(ctx, stale.plan, None)
         ctx, call = request(CHAT, [(b"cache-control", b"max-age=60")])
         assert (await c.lookup(ctx, call)).entry is not None
 
