@@ -276,6 +276,7 @@ def test_compose_prometheus_scrapes_the_gateway_and_loads_the_rules() -> None:
     (static,) = job["static_configs"]
     cfg = _compose_gateway_config()
     assert static["targets"] == [f"gateway:{cfg.server.port}"]
+    assert cfg.metrics.enabled
     assert 9090 in _published(prom)
 
 
@@ -412,6 +413,7 @@ def test_k8s_deployment_ports_probes_and_scrape_annotations_agree() -> None:
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == cfg.server.port
     assert annotations["prometheus.io/path"] == "/metrics"
+    assert cfg.metrics.enabled
     resources = container["resources"]
     assert resources["requests"]["cpu"] and resources["requests"]["memory"]
     assert resources["limits"]["memory"]
