@@ -592,13 +592,17 @@ def _check_routes(routes: tuple[RouteConfig, ...], backends: set[str], err: _Err
             value = getattr(r, name)
             if value is not None and value < 1:
                 err(f"{p}.{name}", "must be >= 1")
-        if r.strategy == "weighted":
-            if r.weights is None or len(r.weights) != len(r.backends):
-                err(f"{p}.weights", "strategy = 'weighted' needs one weight per backend")
-            elif any(w <= 0 for w in r.weights) or not all(w == w for w in r.weights):
-                err(f"{p}.weights", "every weight must be > 0")
-        elif r.weights is not None:
-            err(f"{p}.weights", "only used with strategy = 'weighted'")
+        _check_weights(r, p, err)
+
+
+def _check_weights(r: RouteConfig, p: str, err: _Errors) -> None:
+    if r.strategy == "weighted":
+        if r.weights is None or len(r.weights) != len(r.backends):
+            err(f"{p}.weights", "strategy = 'weighted' needs one weight per backend")
+        elif any(w <= 0 for w in r.weights) or not all(w == w for w in r.weights):
+            err(f"{p}.weights", "every weight must be > 0")
+    elif r.weights is not None:
+        err(f"{p}.weights", "only used with strategy = 'weighted'")
 
 
 def _check_edge(edge: EdgeConfig, err: _Errors) -> None:

@@ -128,6 +128,16 @@ VARIANTS: dict[str, Variant] = {
         '[cache]\nbackend = "redis"\nurl = "{redis_url}"\nmode = "all"\n' + _NO_TRACING,
         lua="chat_unique.lua",
     ),
+    "metrics-off": Variant(
+        "core with [metrics] enabled = false (what /metrics costs: core versus this)",
+        _NO_CACHE + _NO_TRACING + "[metrics]\nenabled = false\n",
+    ),
+    "observability": Variant(
+        "core plus the sampled JSON access log (metrics on, as in core)",
+        _NO_CACHE
+        + _NO_TRACING
+        + '[logging]\naccess_log = "sampled"\nslow_ms = 500\nsample_ratio = 0.01\n',
+    ),
 }
 DEFAULT_VARIANTS = ("core",)
 BASELINE = "core"
@@ -603,7 +613,10 @@ class Bench:
         if "redis_url" in subst:
             redis_command(subst["redis_url"], b"FLUSHALL")
         cfg = self.tmp / f"gateway-{name}.toml"
-        cfg.write_text(base_toml(self.nginx_port) + v.toml.format(**subst))
+        base = base_toml(self.nginx_port)
+        if "[logging]" in v.toml:  # the variant sets its own access log
+            base = base.replace('[logging]\naccess_log = "off"\n', "")
+        cfg.write_text(base + v.toml.format(**subst))
         port = free_port()
         log = self.tmp / f"gateway-{name}.log"
         env = {k: val for k, val in os.environ.items() if not k.startswith("GATEWAY")}
@@ -919,13 +932,38 @@ def tempdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def list_variants() -> None:
+    width = max(map(len, VARIANTS))
+    for name, v in VARIANTS.items():
+        extra = f" (wrk/{v.lua})" if v.lua != "chat.lua" else ""
+        print(f"{name:<{width}}  {v.description}{extra}")
+
+
+def measure_variants(bench: Bench, selected: list[str], rows: list[Row]) -> bool:
+    """Run each selected variant into ``rows``; True when one of them failed."""
+    failed = False
+    for name in selected:
+        row = Row(name)
+        rows.append(row)
+        reason = bench.skip_reason(name)
+        if reason:
+            row.note = "skipped"
+            print(f"note: skipping variant {name}: {reason}", file=sys.stderr)
+            continue
+        print(f"{name}: {VARIANTS[name].description} ...", file=sys.stderr)
+        try:
+            row.m = bench.run_variant(name)
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            failed = True
+            row.note = "failed"
+            print(f"error: variant {name}: {exc}", file=sys.stderr)
+    return failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
-        width = max(map(len, VARIANTS))
-        for name, v in VARIANTS.items():
-            extra = f" (wrk/{v.lua})" if v.lua != "chat.lua" else ""
-            print(f"{name:<{width}}  {v.description}{extra}")
+        list_variants()
         return 0
     check_tools()
     pin = choose_pinning(args.cores)
@@ -940,21 +978,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.start_nginx()
             print(f"direct: nginx on 127.0.0.1:{bench.nginx_port} ...", file=sys.stderr)
             rows[0].m = bench.measure(bench.nginx_port, "chat.lua")
-            for name in selected:
-                row = Row(name)
-                rows.append(row)
-                reason = bench.skip_reason(name)
-                if reason:
-                    row.note = "skipped"
-                    print(f"note: skipping variant {name}: {reason}", file=sys.stderr)
-                    continue
-                print(f"{name}: {VARIANTS[name].description} ...", file=sys.stderr)
-                try:
-                    row.m = bench.run_variant(name)
-                except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-                    failed = True
-                    row.note = "failed"
-                    print(f"error: variant {name}: {exc}", file=sys.stderr)
+            failed = measure_variants(bench, selected, rows)
         except KeyboardInterrupt:
             print("interrupted; stopping everything", file=sys.stderr)
             return 130

@@ -246,7 +246,7 @@ class PrometheusServer:
         }
         (root / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
-        self._log = open(root / "prometheus.log", "wb")  # closed in stop()
+        self._log = open(root / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
                 prometheus_binary(),

@@ -526,7 +526,7 @@ def test_deploy_readme_names_panels_alerts_and_log_fields_that_exist() -> None:
         "Slow time to first token",
     ):
         assert f"### {symptom}" in text, symptom
-    for field in (
+    for field in (  # noqa: SIM905
         "trace_id span_id request_id method path status model route backend tenant cache "
         "request_time_ms upstream_time_ms overhead_ms ttft_ms tokens"
     ).split():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -202,10 +203,8 @@ def test_504_upstream_connect_timeout():
         for _ in range(4):  # fill the accept queue (backlog 0 still admits one or two)
             s = socket.socket()
             s.setblocking(False)
-            try:
+            with contextlib.suppress(BlockingIOError):
                 s.connect(("127.0.0.1", port))
-            except BlockingIOError:
-                pass
             fillers.append(s)
         time.sleep(0.1)
         probe = socket.socket()

@@ -9,6 +9,7 @@ BYPASS`` and the ``error`` counter moves. The Redis store bounds each call by
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -227,10 +228,9 @@ class ResponseCache:
         finally:
             self._finish_flight(plan, entry, error_event)
             if plan.lock_token is not None and self.store is not None:
-                try:
+                # unavailable: the lock expires by itself (flight_wait_ms)
+                with contextlib.suppress(CacheUnavailable):
                     await self.store.unlock(plan.key, plan.lock_token)
-                except CacheUnavailable:
-                    pass  # the lock expires by itself (flight_wait_ms)
 
     def _finish_flight(
         self, plan: CachePlan, entry: Entry | None, error_event: bytes | None = None

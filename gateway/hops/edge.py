@@ -42,6 +42,14 @@ _CONSUMED = HOP_BY_HOP | {
 }
 #: the client's credentials: consumed, never forwarded (the backend sends its own key)
 _CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key"})
+#: consumed headers whose repeated lines make one list
+_JOINED = frozenset({b"x-forwarded-for", b"connection"})
+#: consumed headers kept on the context as they are
+_ON_CONTEXT = {
+    b"accept-encoding": "accept_encoding",
+    b"content-encoding": "content_encoding",
+    b"content-length": "content_length",
+}
 #: forwarded, and also noted for the cache (SPEC §10)
 _NOTED = frozenset({b"cache-control", b"openai-organization", b"openai-project"})
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")
@@ -99,7 +107,6 @@ class Edge:
         """Split the headers: forwarded as they are, consumed here (``seen``), edge timings."""
         forward: list[tuple[str, str]] = []
         seen: dict[bytes, bytes] = {}
-        connection_tokens: set[str] | None = None
         hop_values: dict[str, bytes] | None = None
         hop_headers = self.hop_headers
         for name, value in headers:
@@ -117,27 +124,24 @@ class Edge:
                 if name == b"authorization" and value[:7].lower() == b"bearer ":
                     value = value[7:]
                 ctx.credential = value.strip()
-            elif name == b"accept-encoding":
-                ctx.accept_encoding = value
-            elif name == b"content-encoding":
-                ctx.content_encoding = value
-            elif name == b"content-length":
-                ctx.content_length = value
-            elif name == b"x-forwarded-for":
-                xff = seen.get(name)
-                seen[name] = value if xff is None else xff + b", " + value
-            elif name == b"connection":
-                tokens = {t.strip().lower() for t in value.decode("latin-1").split(",")}
-                connection_tokens = tokens | (connection_tokens or set())
+            elif (field := _ON_CONTEXT.get(name)) is not None:
+                setattr(ctx, field, value)
+            elif name in _JOINED and name in seen:  # a list split over several lines
+                seen[name] = seen[name] + b", " + value
             else:
                 seen[name] = value
-        if connection_tokens:  # RFC 9110 §7.6.1: headers named by Connection are hop-by-hop too
+        connection = seen.get(b"connection")
+        if connection:  # RFC 9110 §7.6.1: headers named by Connection are hop-by-hop too
+            connection_tokens = {t.strip().lower() for t in connection.decode("latin-1").split(",")}
             forward = [(k, v) for k, v in forward if k.lower() not in connection_tokens]
             if hop_values:
-                for hop, header in zip(self.hop_names, hop_headers, strict=True):
-                    if header.decode() in connection_tokens:
-                        hop_values.pop(hop, None)
+                self._drop_named(hop_values, connection_tokens)
         return forward, seen, hop_values
+
+    def _drop_named(self, hop_values: dict[str, bytes], connection_tokens: set[str]) -> None:
+        for hop, header in zip(self.hop_names, self.hop_headers, strict=True):
+            if header.decode() in connection_tokens:
+                hop_values.pop(hop, None)
 
     def _forwarding(
         self, ctx: RequestContext, forward: list[tuple[str, str]], seen: dict[bytes, bytes]

@@ -72,7 +72,8 @@ MODELS = ("mock-gpt-4o", "mock-gpt-4o-mini", "mock-embedding-3-small")
 DEFAULT_COMPLETION_TOKENS = 12
 MAX_COMPLETION_TOKENS = 4096
 EMBEDDING_DIMENSIONS = 1536  # text-embedding-3-small: ~30 KB of JSON per vector
-_WORDS = (
+# one readable sentence, split once at import
+_WORDS = (  # noqa: SIM905
     "the quick brown fox jumps over a lazy dog while gateways relay every token "
     "with honest latency spans traced from edge to upstream and back again through "
     "caches streams routers hops timelines budgets metrics logs models prompts answers "

@@ -24,38 +24,39 @@ def note_choices(answer: Answer, obj: dict[str, Any]) -> bool:
     usage = obj.get("usage")
     if isinstance(usage, dict):
         answer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-    content = False
     choices = obj.get("choices")
     if not isinstance(choices, list):
         return False
-    captured = answer.captured
+    content = False
     for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        fr = choice.get("finish_reason")
-        if isinstance(fr, str):
-            if answer.finish_reasons is None:
-                answer.finish_reasons = []
-            answer.finish_reasons.append(fr)
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            text = delta.get("content")
-            if (
-                text
-                or delta.get("tool_calls")
-                or delta.get("refusal")
-                or delta.get("reasoning_content")
-            ):
-                content = True
-        else:
-            text = choice.get("text")
-            if text:
-                content = True
-            message = choice.get("message")
-            if isinstance(message, dict):
-                text = message.get("content")
-        if captured is not None and isinstance(text, str) and text:
-            captured.append(text)
+        if isinstance(choice, dict) and _note_choice(answer, choice):
+            content = True
+    return content
+
+
+def _note_choice(answer: Answer, choice: dict[str, Any]) -> bool:
+    fr = choice.get("finish_reason")
+    if isinstance(fr, str):
+        if answer.finish_reasons is None:
+            answer.finish_reasons = []
+        answer.finish_reasons.append(fr)
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        text = delta.get("content")
+        content = bool(
+            text
+            or delta.get("tool_calls")
+            or delta.get("refusal")
+            or delta.get("reasoning_content")
+        )
+    else:
+        text = choice.get("text")
+        content = bool(text)
+        message = choice.get("message")
+        if isinstance(message, dict):
+            text = message.get("content")
+    if answer.captured is not None and isinstance(text, str) and text:
+        answer.captured.append(text)
     return content
 
 

@@ -510,9 +510,7 @@ class HTTPExporter(_RetryingExporter):
                 conn.request("POST", self._path, data, self._headers)
                 resp = conn.getresponse()
                 body = resp.read(_MAX_RESPONSE)
-                if not resp.isclosed():  # more than we read, or the server closes anyway
-                    self._drop_connection()
-                elif resp.will_close:
+                if not resp.isclosed() or resp.will_close:  # more than we read, or closing
                     self._drop_connection()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
                 self._drop_connection()

@@ -116,7 +116,7 @@ def test_release_while_closed_is_harmless() -> None:
 
 @pytest.mark.parametrize(("failures", "reset_s"), [(0, 1.0), (-1, 1.0), (1, -0.5)])
 def test_invalid_settings(failures: int, reset_s: float) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be"):
         CircuitBreaker(failures, reset_s)
 
 

@@ -70,7 +70,7 @@ def label_sets(got: dict, name: str) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture
-def traffic(gateway, mock_upstream) -> Iterator[tuple[GatewayServer, dict[str, Any]]]:
+def traffic(gateway, mock_upstream) -> tuple[GatewayServer, dict[str, Any]]:
     gw = gateway(config(mock_upstream.url))
     client = openai.OpenAI(base_url=gw.base_url, api_key="sk-metrics", max_retries=0)
     facts: dict[str, Any] = {}
@@ -101,7 +101,7 @@ def traffic(gateway, mock_upstream) -> Iterator[tuple[GatewayServer, dict[str, A
         client.chat.completions.create(model="mock-status-400", messages=MSG)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=MSG)
-    yield gw, facts
+    return gw, facts
 
 
 def test_every_spec_metric_with_its_labels_counts_and_token_sums(traffic):
