@@ -65,6 +65,8 @@ class BackendConfig:
     stream_idle_timeout_s: float = 60.0
     max_connections: int = 200
     http2: bool = False
+    #: the HTTP/1.1 client: the gateway's own lean one, or aiohttp's (for comparison)
+    http1_client: Literal["lean", "aiohttp"] = "lean"
     #: passive health (SPEC §13): consecutive failures that eject the backend (0: never)
     eject_after: int = 5
     #: cool-down before one probe request decides

@@ -18,6 +18,10 @@ def for_backend(backend: BackendConfig) -> Transport:
         from gateway.transports.httpx_impl import HttpxTransport
 
         return HttpxTransport(backend)
-    from gateway.transports.aiohttp_impl import AiohttpTransport
+    if backend.http1_client == "aiohttp":
+        from gateway.transports.aiohttp_impl import AiohttpTransport
 
-    return AiohttpTransport(backend)
+        return AiohttpTransport(backend)
+    from gateway.transports.h1_impl import H1Transport
+
+    return H1Transport(backend)
