@@ -134,8 +134,7 @@ class Process:
         try:
             wait_port(port, 15)
         except TimeoutError:
-            self.stop()
-            out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+            out = self.stop()  # what it printed before it died (or was stopped)
             raise RuntimeError(f"{args} did not start:\n{out}") from None
 
     @property
