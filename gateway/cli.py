@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import socket
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from gateway.config import CONFIG_ENV, Config, ConfigError, load_config
 
@@ -41,11 +38,59 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("key")
 
     pr = sub.add_parser(
-        "probe", help="curl-style timing of one GET: DNS, connect, TLS, TTFB, total"
+        "probe",
+        help="curl-style timing of one GET: DNS, connect, TLS, TTFB, total",
+        description="Time one GET like curl -w: marks are cumulative from the start "
+        "(time_namelookup, time_connect, time_appconnect, time_starttransfer, time_total).",
     )
     pr.add_argument("url")
-    pr.add_argument("--timeout", type=float, default=10.0)
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole probe")
+    pr.add_argument("--cacert", help="CA bundle to verify https with (default: system store)")
+
+    d = sub.add_parser(
+        "doctor",
+        help="the slow-response checklist against an OpenAI-compatible base URL (SPEC §17)",
+        description="Run the latency checklist against BASE_URL (e.g. http://127.0.0.1:8080/v1). "
+        "Exit 0 when no check fails, 1 when one does, 2 when the target cannot be checked.",
+    )
+    d.add_argument("base_url", metavar="BASE_URL")
+    d.add_argument("--model", help="model to ask (default: the first one GET /models lists)")
+    d.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="env var holding the API key, sent as Authorization: Bearer (default: %(default)s)",
+    )
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument(
+        "--requests",
+        type=_at_least_two,
+        default=5,
+        metavar="N",
+        help="requests for the connection-reuse check (default: %(default)s)",
+    )
+    d.add_argument(
+        "--threshold",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="NAME=MS",
+        help="override a threshold, e.g. ttfb=500 (names: see the README)",
+    )
+    d.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    d.add_argument("--cacert", help="CA bundle to verify https with (default: system store)")
     return p
+
+
+def _at_least_two(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < 2:
+        raise argparse.ArgumentTypeError("needs at least 2 requests to see reuse")
+    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mock-upstream": _mock_upstream,
         "hash-key": _hash_key,
         "probe": _probe,
+        "doctor": _doctor,
     }[command]
     return handler(args)
 
@@ -152,56 +198,50 @@ def _hash_key(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- probe
+# ---------------------------------------------------------------- probe, doctor
 
 
 def _probe(args: argparse.Namespace) -> int:
-    import httpx2
+    import json
 
-    url: str = args.url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        print(f"probe: not an http(s) URL: {url}", file=sys.stderr)
+    from gateway.probe import ProbeError, probe
+
+    try:
+        result = probe(args.url, timeout=args.timeout, cacert=args.cacert)
+    except ValueError as exc:
+        print(f"probe: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    marks: dict[str, float] = {}
-    start = time.perf_counter()
-    try:
-        socket.getaddrinfo(
-            parts.hostname,
-            parts.port or (443 if parts.scheme == "https" else 80),
-            type=socket.SOCK_STREAM,
-        )
-    except OSError as exc:
-        print(f"probe: DNS lookup of {parts.hostname} failed: {exc}", file=sys.stderr)
+    except ProbeError as exc:
+        print(f"probe: {exc.message}", file=sys.stderr)
         return 1
-    marks["dns"] = time.perf_counter()
-
-    def trace(event: str, info: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        if event == "connection.connect_tcp.complete":
-            marks["connect"] = now
-        elif event == "connection.start_tls.complete":
-            marks["tls"] = now
-        elif event.endswith("receive_response_headers.complete"):
-            marks["ttfb"] = now
-
-    try:
-        with (
-            httpx2.Client(timeout=args.timeout, trust_env=False, http2=True) as client,
-            client.stream("GET", url, extensions={"trace": trace}) as resp,
-        ):
-            size = sum(len(c) for c in resp.iter_raw())
-            status, version = resp.status_code, resp.http_version
-    except httpx2.HTTPError as exc:
-        print(f"probe: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    marks["total"] = time.perf_counter()
-    print(f"{url}  status={status}  {version}  {size} bytes")
-    # cumulative from the start, like curl -w time_namelookup/time_connect/...
-    for name in ("dns", "connect", "tls", "ttfb", "total"):
-        value = f"{(marks[name] - start) * 1000:9.2f} ms" if name in marks else "        -"
-        print(f"  {name:<8}{value}")
+    print(json.dumps(result.as_json()) if args.json else result.render())
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from gateway import doctor
+
+    try:
+        thresholds = doctor.parse_thresholds(args.threshold)
+    except ValueError as exc:
+        print(f"doctor: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    options = doctor.Options(
+        base_url=args.base_url,
+        model=args.model,
+        api_key=os.environ.get(args.api_key_env) or None,
+        requests=args.requests,
+        thresholds=thresholds,
+        timeout=args.timeout,
+        cacert=args.cacert,
+    )
+    try:
+        report = doctor.run(options)
+    except doctor.DoctorError as exc:
+        print(f"doctor: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(report.to_json() if args.json else report.render())
+    return report.exit_code()
 
 
 if __name__ == "__main__":  # pragma: no cover
