@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway")
-    s.add_argument("--config", help=f"TOML config (default: ${CONFIG_ENV}, else embedded default)")
+    # -c as well: under `opentelemetry-instrument`, "--config" is an ambiguous prefix of its
+    # own options (--config_file, --configurator) and never reaches us
+    s.add_argument(
+        "-c", "--config", help=f"TOML config (default: ${CONFIG_ENV}, else embedded default)"
+    )
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.add_argument("--workers", type=int)
@@ -32,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--port", type=int, default=9000)
     m.add_argument("--ttft-ms", type=float, default=0.0)
     m.add_argument("--tokens-per-s", type=float, default=0.0)
+    m.add_argument("--output-tokens", type=int, default=None, help="answer length [12]")
     m.add_argument("--latency-ms", type=float, default=0.0)
 
     h = sub.add_parser("hash-key", help="print the sha256 hex digest of an API key for [auth]")
@@ -150,7 +156,12 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     if server.workers > 1:
-        uvicorn.run("gateway.app:create_app", factory=True, workers=server.workers, **common)
+        from gateway.telemetry.metrics import METRICS_DIR_ENV
+
+        # the workers' metrics snapshots, merged by whichever worker answers /metrics
+        with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
+            os.environ[METRICS_DIR_ENV] = shared
+            uvicorn.run("gateway.app:create_app", factory=True, workers=server.workers, **common)
     else:
         from gateway.app import Gateway
 
@@ -178,6 +189,8 @@ def _mock_upstream(args: argparse.Namespace) -> int:
     settings = MockSettings(
         latency_ms=args.latency_ms, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s
     )
+    if args.output_tokens is not None:  # validated like the header and URL knobs
+        settings = settings.with_overrides({"output_tokens": str(args.output_tokens)})
     print(f"mock-upstream: http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(
         create_mock_app(settings),

@@ -163,6 +163,7 @@ def test_under_opentelemetry_instrument_the_request_stays_one_trace(upstream, re
 [[backends]]
 name = "up"
 url = "{up.url}"
+http1_client = "aiohttp"  # the instrumented library (the lean default has no instrumentation)
 
 [[routes]]
 models = ["*"]
