@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import Config
 from gateway.telemetry.metrics import DURATION_BUCKETS, FINE_BUCKETS
-from tests.support import GatewayServer, gateway_config
+from tests.support import GatewayServer, Process, free_port, gateway_cli, gateway_config
 
 MSG = [{"role": "user", "content": "count me"}]
 
@@ -244,3 +245,53 @@ def test_metrics_disabled_removes_the_endpoint(gateway, mock_upstream):
     r = httpx2.get(gw.url + "/metrics", timeout=10, trust_env=False)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert gw.app.runtime is not None and gw.app.runtime.telemetry.metrics is None
+
+
+def test_workers_2_every_scrape_gives_the_totals_of_all_workers(tmp_path):
+    """One port, two worker processes: whichever answers /metrics reports both workers' counts."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        """
+[[backends]]
+name = "mock"
+url = "mock://"
+[[routes]]
+name = "all"
+models = ["*"]
+backends = ["mock"]
+[logging]
+access_log = "off"
+"""
+    )
+    port = free_port()
+    proc = Process(
+        gateway_cli("serve", "-c", str(config), "--port", str(port), "--workers", "2"), port
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        sent = 40
+        for _ in range(sent):  # a new connection each: the kernel spreads them over the workers
+            with httpx2.Client(timeout=10, trust_env=False) as client:
+                r = client.post(
+                    base + "/v1/chat/completions",
+                    json={"model": "mock-gpt-4o", "messages": MSG},
+                    headers={"connection": "close"},
+                )
+                assert r.status_code == 200
+        time.sleep(1.5)  # every worker has written its snapshot since
+        totals = []
+        for _ in range(8):
+            with httpx2.Client(timeout=10, trust_env=False) as client:
+                got = samples(client.get(base + "/metrics", headers={"connection": "close"}).text)
+            totals.append(
+                value(
+                    got,
+                    "gateway_requests_total",
+                    route="all",
+                    model="mock-gpt-4o",
+                    status_code="200",
+                )
+            )
+    finally:
+        proc.stop()
+    assert totals == [float(sent)] * len(totals), totals
