@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 from gateway.config import BackendConfig, RouteConfig
 from gateway.transports.base import Transport
 
+#: SPEC §5: sent to ``provider = "anthropic"`` backends unless the client sent its own
+ANTHROPIC_VERSION = ("anthropic-version", "2023-06-01")
+
 
 class Backend:
     """A configured backend with its pooled transport (made once, in the lifespan)."""
@@ -24,6 +27,7 @@ class Backend:
         "base_path",
         "base_url",
         "config",
+        "default_headers",
         "host",
         "name",
         "port",
@@ -47,11 +51,38 @@ class Backend:
         self.host = parts.hostname or "mock"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         key = env.get(config.api_key_env) if config.api_key_env else None
-        #: the backend's own key; no client credential ever goes upstream (SPEC §5)
-        self.auth_header: tuple[str, str] | None = (
-            ("authorization", f"Bearer {key}") if key else None
+        anthropic = config.provider == "anthropic"
+        #: the backend's own key; no client credential ever goes upstream (SPEC §5). Anthropic
+        #: takes it as x-api-key (an Authorization header there is an OAuth token, not a key)
+        self.auth_header: tuple[str, str] | None = None
+        if key:
+            self.auth_header = (
+                ("x-api-key", key) if anthropic else ("authorization", f"Bearer {key}")
+            )
+        #: sent when the client's forwarded headers do not already name them
+        self.default_headers: tuple[tuple[str, str], ...] = (
+            (ANTHROPIC_VERSION,) if anthropic else ()
         )
         self.transport = transport
+
+    def request_headers(self, forwarded: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The client's forwarded headers (lower-case names) plus this backend's key and the
+        defaults the client did not send.
+
+        >>> cfg = BackendConfig("a", "http://x", provider="anthropic", api_key_env="K")
+        >>> b = Backend(cfg, None, {"K": "sk"})
+        >>> b.request_headers([("x-request-id", "r")])
+        [('x-request-id', 'r'), ('x-api-key', 'sk'), ('anthropic-version', '2023-06-01')]
+        >>> b.request_headers([("anthropic-version", "2024-01-01")])
+        [('anthropic-version', '2024-01-01'), ('x-api-key', 'sk')]
+        """
+        headers = forwarded
+        if self.auth_header is not None:
+            headers = [*headers, self.auth_header]
+        for name, value in self.default_headers:
+            if not any(k == name for k, _ in forwarded):
+                headers = [*headers, (name, value)]
+        return headers
 
     def url_for(self, path: str, query: bytes) -> str:
         """The request path after ``/v1`` appended to the configured base URL (SPEC §4)."""

@@ -36,6 +36,9 @@ _ORG = "openai-organization"
 _PROJECT = "openai-project"
 
 OPERATIONS = frozenset({"chat", "text_completion", "embeddings"})
+#: SPEC §5/§10: the endpoints whose answers may be cached. /v1/responses and /v1/messages are
+#: "chat" operations too (GenAI semantic conventions) but are never cached (BYPASS)
+CACHEABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
 
 # ---------------------------------------------------------------- canonical JSON
@@ -132,14 +135,22 @@ def _is_number(value: Any) -> bool:
     return type(value) is int or type(value) is float  # bool is not a temperature
 
 
-def is_cacheable(operation: str, payload: dict[str, Any], mode: str) -> bool:
+def is_cacheable(
+    operation: str, payload: dict[str, Any], mode: str, path: str | None = None
+) -> bool:
     """SPEC §10: which requests may be answered from (and stored in) the cache.
 
     ``mode = "deterministic"``: embeddings always; chat and text completions only with
     ``temperature == 0`` (absent means the API default 1) and ``n`` absent, null or 1.
-    ``mode = "all"``: every request of the three operations.
+    ``mode = "all"``: every request of the three operations. ``path`` (when given) must be one
+    of :data:`CACHEABLE_PATHS`: a Responses or Messages call is a "chat" operation, never cached.
+
+    >>> is_cacheable("chat", {"temperature": 0}, "deterministic", "/v1/chat/completions")
+    True
+    >>> is_cacheable("chat", {"temperature": 0}, "all", "/v1/responses")
+    False
     """
-    if operation not in OPERATIONS:
+    if operation not in OPERATIONS or (path is not None and path not in CACHEABLE_PATHS):
         return False
     if mode == "all" or operation == "embeddings":
         return True

@@ -1,13 +1,15 @@
 """What the gateway needs to know about one model API (SPEC §5, §8).
 
-Each routed endpoint (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, and the
-later ones) has one :class:`Api`: how its body is validated, how the route's policies apply, how
-usage and ids are read from its answers, and how its streams end and are cut. The router, the
-relays and the cache ask it instead of knowing any API themselves.
+Each routed endpoint (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
+``/v1/responses``, ``/v1/messages``) has one :class:`Api`: how its body is validated, how the
+route's policies apply, how usage and ids are read from its answers, and how its streams end and
+are cut. The router, the relays and the cache ask it instead of knowing any API themselves.
+One instance serves every request of its path: an Api keeps no per-request state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -86,8 +88,11 @@ class Api:
         """Whether this event is the stream's end marker (nothing after it is relayed)."""
         return data == b"[DONE]"
 
-    def error_event(self, cut: UpstreamStreamError) -> bytes:
-        """The event a cut stream ends with, so this API's SDK raises."""
+    def error_event(self, cut: UpstreamStreamError, last: Any = None) -> bytes:
+        """The event a cut stream ends with, so this API's SDK raises.
+
+        ``last`` is the parsed JSON of the last event relayed before the cut (None if none).
+        """
         return cut.sse_event()
 
     #: what a complete stream ends with, for error messages
@@ -106,3 +111,59 @@ def cap_tokens(
     if not present:
         payload[fields[0]] = cap
         notes[f"policy.{fields[0]}"] = f"unset->{cap}"
+
+
+def event_type(raw: bytes, obj: Any) -> str | None:
+    """The type of a named SSE event: its JSON ``type`` (Responses and Messages events carry
+    their name there), else its ``event:`` line.
+
+    >>> event_type(b"event: ping\\ndata: {}\\n\\n", {})
+    'ping'
+    >>> event_type(b"data: {}", {"type": "message_stop"})
+    'message_stop'
+    """
+    if isinstance(obj, dict):
+        kind = obj.get("type")
+        if isinstance(kind, str):
+            return kind
+    if raw.startswith(b"event:"):
+        line = raw.split(b"\n", 1)[0]
+        return line[6:].strip().decode("latin-1") or None
+    return None
+
+
+def window_items(
+    items: list[Any],
+    window: int,
+    pinned: Callable[[Any], bool],
+    opens: Callable[[Any], bool],
+) -> list[Any] | None:
+    """``history_window`` (SPEC §12) over a list of conversation items: the ``pinned`` items
+    (system instructions) plus the last ``window`` others, in their original order.
+
+    The window starts at an item that ``opens`` a turn: a tool result cut off from the call that
+    asked for it is an error upstream, so the window is moved later to the next opening item, or
+    (when none follows) earlier to the last one. Returns None when nothing is dropped (or no item
+    could open the window).
+
+    With ``s`` a system message, ``u`` a user turn, ``a`` an answer and ``t`` a tool result:
+
+    >>> system, user = (lambda m: m == "s"), (lambda m: m == "u")
+    >>> "".join(window_items(list("suauatu"), 4, system, user) or [])
+    'suatu'
+    >>> "".join(window_items(list("suauat"), 2, system, user) or [])  # 'at' cannot open
+    'suat'
+    >>> window_items(list("sua"), 2, system, user) is None
+    True
+    """
+    rest = [i for i, item in enumerate(items) if not pinned(item)]
+    if len(rest) <= window:
+        return None
+    start = len(rest) - window
+    first = next((k for k in range(start, len(rest)) if opens(items[rest[k]])), None)
+    if first is None:
+        first = next((k for k in range(start - 1, -1, -1) if opens(items[rest[k]])), None)
+    if first is None or first == 0:
+        return None
+    dropped = {rest[k] for k in range(first)}
+    return [item for i, item in enumerate(items) if i not in dropped]

@@ -10,8 +10,9 @@ A relay is a small state machine, one object per stream (DESIGN habit 2)::
 
 Headers go out with the first event, so until then a failure is still a clean 502 (or 504
 when idle). After that a cut stream ends with the API's own error event (``data: {"error":
-…}`` for chat) so SDKs raise instead of returning a silently short answer; a client that goes
-away cancels the upstream read at once (the connection is closed, not pooled).
+…}`` for chat, ``event: error`` for responses and messages) so SDKs raise instead of returning
+a silently short answer; a client that goes away cancels the upstream read at once (the
+connection is closed, not pooled).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class SSERelay:
         "ctx",
         "cut",
         "idle_timeout",
+        "last",
         "out",
         "resp",
         "state",
@@ -91,6 +93,8 @@ class SSERelay:
         self.tee = tee
         self.state = State.AWAITING_FIRST
         self.cut: UpstreamStreamError | None = None
+        #: the JSON of the last relayed event that had one (the error event may continue it)
+        self.last: Any = None
         self._parser = SSEParser()
         self._decoder = stream_decoder(header_value(resp.headers, b"content-encoding"))
         self._encoder: Encoder = make_encoder(ctx.coding, stream=True)
@@ -153,6 +157,7 @@ class SSERelay:
         tee = self.tee
         now = time.perf_counter()
         out: list[bytes] = []
+        last = self.last
         for raw in events:
             data = event_data(raw)
             obj: Any = None
@@ -161,6 +166,8 @@ class SSERelay:
                     obj = orjson.loads(data)
                 except orjson.JSONDecodeError:
                     obj = None
+                else:
+                    last = obj
                 if api.note_answer(answer, obj) and timeline.first_content is None:
                     timeline.first_content = now
             out.append(raw)
@@ -169,6 +176,7 @@ class SSERelay:
             if api.is_end(raw, data, obj):
                 self.state = State.DONE  # nothing after the end marker is part of the answer
                 break
+        self.last = last
         if timeline.last_event is not None:
             if timeline.event_gaps is None:
                 timeline.event_gaps = []
@@ -217,7 +225,8 @@ class SSERelay:
         encoder = self._encoder
         if self.cut is not None:
             self.ctx.answer.error = self.cut
-            tail = encoder.encode(self.api.error_event(self.cut)) + encoder.finish()
+            tail = encoder.encode(self.api.error_event(self.cut, self.last))
+            tail += encoder.finish()
         else:
             tail = encoder.finish()
         await self.out.body(tail)
