@@ -45,6 +45,8 @@ class Gateway:
             "/v1/chat/completions": _model_or_passthrough,
             "/v1/completions": _model_or_passthrough,
             "/v1/embeddings": _model_or_passthrough,
+            "/v1/responses": _model_or_passthrough,  # OpenAI Responses API
+            "/v1/messages": _model_or_passthrough,  # Anthropic Messages API
             "/v1/models": endpoints.ModelCatalog(),
             "/healthz": endpoints.healthz,
             "/readyz": endpoints.readyz,

@@ -430,11 +430,6 @@ def test_never_cached_x_gateway_cache_bypass(gateway, ups):
     assert len(gpt.requests) == 4  # each call reached the upstream
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs gateway/cache/service.py to pass call.path to is_cacheable (requested of the "
-    "lead); remove this mark with that change",
-)
 @pytest.mark.parametrize("mode", ["deterministic", "all"])
 @pytest.mark.parametrize(
     ("path", "body"),

@@ -111,7 +111,7 @@ class ResponseCache:
         if store is None:
             return NOTHING
         payload = call.payload
-        if not is_cacheable(call.operation, payload, self.cfg.mode):
+        if not is_cacheable(call.operation, payload, self.cfg.mode, call.path):
             return self._bypass(ctx)
         directives = parse_cache_control(ctx.cache_control) if ctx.cache_control else NO_DIRECTIVES
         if directives.no_store:
