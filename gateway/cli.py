@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser("hash-key", help="print the sha256 hex digest of an API key for [auth]")
     h.add_argument("key")
 
+    _add_probe_and_doctor(sub)
+    return p
+
+
+def _add_probe_and_doctor(sub: Any) -> None:
     pr = sub.add_parser(
         "probe",
         help="curl-style timing of one GET: DNS, connect, TLS, TTFB, total",
@@ -86,7 +91,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     d.add_argument("--cacert", help="CA bundle to verify https with (default: system store)")
-    return p
 
 
 def _at_least_two(value: str) -> int:

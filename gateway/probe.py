@@ -178,74 +178,24 @@ def probe(
     extra = [(k, v) for k, v in headers if k.lower() not in ("host", "user-agent", "accept")]
     h1_request = _h1_request(target, extra)
     h2_exchange = _H2Exchange(target, extra) if use_h2 else None
-    # getaddrinfo() of a str host first imports the idna codec (~3 ms on a cold process): that
-    # is set-up too, so the host is encoded here and the lookup below is only the lookup
+    host = _encoded_host(target)
+    clock = _Clock(timeout)
+    ip, port, sock = _dns_and_connect(host, target, clock)
     try:
-        host = target.host.encode("idna")
-    except UnicodeError:
-        raise ValueError(f"not a valid host name: {target.host!r}") from None
-    marks: dict[str, float] = {}
-
-    start = time.perf_counter()
-    deadline = start + timeout
-
-    def mark(name: str) -> None:
-        marks[name] = time.perf_counter() - start
-
-    def remaining(stage: str) -> float:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            raise ProbeError(stage, f"timed out after {timeout:g} s ({stage})", marks)
-        return left
-
-    # ---- dns: once; this address is the one we connect to
-    try:
-        infos = socket.getaddrinfo(
-            host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )
-    except OSError as exc:
-        raise ProbeError("dns", f"DNS lookup of {target.host} failed: {_reason(exc)}") from None
-    family, kind, proto, _, sockaddr = infos[0]
-    ip, port = str(sockaddr[0]), int(sockaddr[1])
-    mark("dns")
-
-    # ---- connect
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(remaining("connect"))
-        try:
-            sock.connect(sockaddr)
-        except TimeoutError:
-            raise ProbeError("connect", f"connect to {_addr(ip, port)} timed out", marks) from None
-        except OSError as exc:
-            msg = f"connect to {_addr(ip, port)} failed: {_reason(exc)}"
-            raise ProbeError("connect", msg, marks) from None
-        mark("connect")
-
         # ---- tls
         conn: socket.socket = sock
         tls_version = alpn = None
         if ctx is not None:
-            sock.settimeout(remaining("tls"))
-            try:
-                tls = ctx.wrap_socket(sock, server_hostname=target.host)
-            except TimeoutError:
-                raise ProbeError("tls", "TLS handshake timed out", marks) from None
-            except (ssl.SSLError, OSError) as exc:
-                msg = f"TLS handshake with {target.host} failed: {_reason(exc)}"
-                raise ProbeError("tls", msg, marks) from None
-            mark("tls")
+            tls = _tls(sock, ctx, target.host, clock)
             conn = tls
             tls_version, alpn = tls.version(), tls.selected_alpn_protocol()
-
         # ---- request, first byte, body
-        io = _Io(conn, remaining, marks)
+        io = _Io(conn, clock.remaining, clock.marks)
         if h2_exchange is not None and alpn == "h2":
-            status, version, got, size = h2_exchange.run(io, mark)
+            status, version, got, size = h2_exchange.run(io, clock.mark)
         else:
-            status, version, got, size = _h1_exchange(io, h1_request, mark)
-        mark("total")
+            status, version, got, size = _h1_exchange(io, h1_request, clock.mark)
+        clock.mark("total")
     finally:
         sock.close()
     return ProbeResult(
@@ -258,8 +208,78 @@ def probe(
         alpn=alpn,
         size=size,
         headers=got,
-        marks=marks,
+        marks=clock.marks,
     )
+
+
+def _encoded_host(target: Target) -> bytes:
+    # getaddrinfo() of a str host first imports the idna codec (~3 ms on a cold process): that
+    # is set-up too, so the host is encoded before the clock and the lookup is only the lookup
+    try:
+        return target.host.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"not a valid host name: {target.host!r}") from None
+
+
+class _Clock:
+    """The probe's clock: started after all set-up, cumulative marks, one deadline."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.marks: dict[str, float] = {}
+        self.start = time.perf_counter()
+        self.deadline = self.start + timeout
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.perf_counter() - self.start
+
+    def remaining(self, stage: str) -> float:
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            raise ProbeError(stage, f"timed out after {self.timeout:g} s ({stage})", self.marks)
+        return left
+
+
+def _dns_and_connect(host: bytes, target: Target, clock: _Clock) -> tuple[str, int, socket.socket]:
+    """DNS once, and a TCP connect to the address it gave (the one curl would use)."""
+    try:
+        infos = socket.getaddrinfo(
+            host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+    except OSError as exc:
+        raise ProbeError("dns", f"DNS lookup of {target.host} failed: {_reason(exc)}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    ip, port = str(sockaddr[0]), int(sockaddr[1])
+    clock.mark("dns")
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(clock.remaining("connect"))
+        sock.connect(sockaddr)
+    except TimeoutError:
+        sock.close()
+        raise ProbeError(
+            "connect", f"connect to {_addr(ip, port)} timed out", clock.marks
+        ) from None
+    except OSError as exc:
+        sock.close()
+        msg = f"connect to {_addr(ip, port)} failed: {_reason(exc)}"
+        raise ProbeError("connect", msg, clock.marks) from None
+    clock.mark("connect")
+    return ip, port, sock
+
+
+def _tls(sock: socket.socket, ctx: ssl.SSLContext, host: str, clock: _Clock) -> ssl.SSLSocket:
+    sock.settimeout(clock.remaining("tls"))
+    try:
+        tls = ctx.wrap_socket(sock, server_hostname=host)
+    except TimeoutError:
+        raise ProbeError("tls", "TLS handshake timed out", clock.marks) from None
+    except (ssl.SSLError, OSError) as exc:
+        msg = f"TLS handshake with {host} failed: {_reason(exc)}"
+        raise ProbeError("tls", msg, clock.marks) from None
+    clock.mark("tls")
+    return tls
 
 
 def _addr(ip: str, port: int) -> str:
