@@ -6,7 +6,6 @@ import argparse
 import hashlib
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,8 +129,6 @@ def _load_or_exit(path: str | None) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     if args.config:
         os.environ[CONFIG_ENV] = os.path.abspath(args.config)  # workers re-load it from here
     # CLI flags are overrides like any other: pass them the same way to worker processes
@@ -140,37 +137,9 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None:
             os.environ[f"GATEWAY__SERVER__{key}"] = str(value)
     config = _load_or_exit(None)
-    server = config.server
-    common: dict[str, Any] = dict(
-        host=server.host,
-        port=server.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        proxy_headers=False,  # the edge hop decides whom to trust (edge.trusted_proxies)
-        server_header=False,
-        access_log=False,  # the gateway writes its own access log
-        timeout_graceful_shutdown=int(server.shutdown_grace_s) or None,
-        log_level=config.logging.level,
-        backlog=4096,
-    )
-    print(
-        f"gateway: serving on http://{server.host}:{server.port} (config: {config.source})",
-        file=sys.stderr,
-        flush=True,
-    )
-    if server.workers > 1:
-        from gateway.telemetry.metrics import METRICS_DIR_ENV
+    from gateway.server import serve  # uvicorn, the client guards, the SIGTERM drain
 
-        # the workers' metrics snapshots, merged by whichever worker answers /metrics
-        with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
-            os.environ[METRICS_DIR_ENV] = shared
-            uvicorn.run("gateway.app:create_app", factory=True, workers=server.workers, **common)
-    else:
-        from gateway.app import Gateway
-
-        uvicorn.run(Gateway(config), **common)
-    return 0
+    return serve(config)
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -75,12 +75,22 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
     body: dict[str, Any] = {
         "status": "ready",
         "config": rt.config.source,
-        "backends": {n: "mock" if b.config.is_mock else "pooled" for n, b in rt.backends.items()},
+        # passive health per backend (SPEC §13): state up | ejected | probe_due | probing;
+        # never a reason to be unready (a request still tries the least recently ejected)
+        "backends": _backend_states(rt),
         # reported, never a reason to be unready: requests do not depend on the collector
         "tracing": rt.tracing.state(),
         "cache": rt.cache.state(),
     }
     await plain_json(send, 200, body)
+
+
+def _backend_states(rt: Runtime) -> dict[str, dict[str, Any]]:
+    health = rt.health.snapshot() if rt.health is not None else {}
+    return {
+        name: {"kind": "mock" if b.config.is_mock else "pooled", **health.get(name, {})}
+        for name, b in rt.backends.items()
+    }
 
 
 class ModelCatalog:

@@ -17,6 +17,7 @@ from gateway.cache.service import ResponseCache, make_store
 from gateway.config import Config
 from gateway.hops.auth import Auth
 from gateway.hops.edge import Edge
+from gateway.hops.health import Health
 from gateway.hops.router import Router
 from gateway.hops.upstream import Upstream
 from gateway.routes import Backend, Route
@@ -24,6 +25,7 @@ from gateway.scope import RequestScope
 from gateway.telemetry import Telemetry
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.metrics import METRICS_DIR_ENV, Exposition, Metrics, WorkerSnapshots
+from gateway.telemetry.recent import RecentRequests
 from gateway.telemetry.tracing import Tracing
 from gateway.transports import for_backend
 from gateway.types import Scope, Send
@@ -44,6 +46,10 @@ class Runtime:
     max_body: int
     #: GET /metrics (None with [metrics] enabled = false)
     exposition: Exposition | None = None
+    #: the live view's ring buffer (None with [ui] enabled = false)
+    recent: RecentRequests | None = None
+    #: passive health, retry budgets, strategies (SPEC §13); per process
+    health: Health | None = None
 
     def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
         """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""
@@ -61,12 +67,22 @@ class Runtime:
     async def aclose(self) -> None:
         if self.exposition is not None:
             await self.exposition.stop()
+        if self.recent is not None:
+            self.recent.close()  # end the live view's feeds
         await asyncio.gather(
             *(b.transport.aclose() for b in self.backends.values()), return_exceptions=True
         )
         await self.cache.aclose()
         # the export thread may wait on a dead collector: keep the loop free meanwhile
         await asyncio.to_thread(self.telemetry.shutdown)
+
+
+def _upstream(tracing: Tracing, health: Health) -> Upstream:
+    if not tracing.enabled:  # no per-attempt header hook and no span ids: a bare attempt path
+        return Upstream(health=health)
+    # under opentelemetry-instrument the attempt is the current span while its client runs
+    scope = tracing.attempt_current if tracing.auto_instrumented() else None
+    return Upstream(tracing.attempt_headers, tracing.new_span_id, scope, health)
 
 
 def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> Runtime:
@@ -90,24 +106,23 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
             )
         backends[cfg.name] = Backend(cfg, for_backend(cfg), env)
     routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)
-    # not tracing: no per-attempt header hook and no span ids, a bare attempt path
-    upstream = Upstream()
-    if tracing.enabled:
-        # under opentelemetry-instrument the attempt is the current span while its client runs
-        scope = tracing.attempt_current if tracing.auto_instrumented() else None
-        upstream = Upstream(tracing.attempt_headers, tracing.new_span_id, scope)
+    health = Health(backends.values(), routes)
+    upstream = _upstream(tracing, health)
     metrics = exposition = None
     if config.metrics.enabled:
         metrics = Metrics(
             {r.name: r.models for r in config.routes},
             lambda: {
-                # passive health is per process: until it lands every backend is in rotation
-                "gateway_backend_up": {(name,): 1.0 for name in backends},
+                # passive health is per process: 1 in rotation, 0 ejected (or probing)
+                "gateway_backend_up": {(name,): float(health.up(name)) for name in backends},
                 "gateway_ratelimit_fallback": {(): 0.0},
             },
         )
         shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it
         exposition = Exposition(metrics, WorkerSnapshots(shared, metrics) if shared else None)
+    recent = None
+    if config.ui.enabled:
+        recent = RecentRequests(config.ui.recent, capture=config.tracing.capture_content)
     return Runtime(
         config=config,
         edge=Edge(config.edge),
@@ -116,7 +131,14 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         upstream=upstream,
         backends=backends,
         cache=ResponseCache(config.cache, make_store(config.cache)),
-        telemetry=Telemetry(tracing, AccessLog(config.logging), metrics=metrics),
+        telemetry=Telemetry(
+            tracing,
+            AccessLog(config.logging),
+            sinks=(health.finished,) if recent is None else (health.finished, recent),
+            metrics=metrics,
+        ),
         max_body=config.server.max_body_bytes,
         exposition=exposition,
+        recent=recent,
+        health=health,
     )

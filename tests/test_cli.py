@@ -111,9 +111,10 @@ def test_serve_embedded_default_with_env_port_override(tmp_path):
         assert ready["status"] == "ready" and ready["config"] == "<embedded default>"
     finally:
         output = proc.stop()
-    # SIGTERM is a graceful shutdown (uvicorn re-raises the signal after it, hence -15)
+    # SIGTERM is a graceful drain, not an error: exit status 0 (gateway.server; uvicorn alone
+    # re-raises the signal after the drain, which ends the process with -15)
     assert "Application shutdown complete" in output
-    assert proc.proc.returncode in (0, -15)
+    assert proc.proc.returncode == 0
 
 
 def test_serve_refuses_a_bad_config_with_exit_2(tmp_path):

@@ -125,11 +125,6 @@ def test_the_client_s_own_anthropic_version_is_forwarded_unchanged(gateway, ups)
     assert r.header("x-api-key") == BACKEND_KEY
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs gateway/hops/upstream.py to send Backend.request_headers() (requested of the "
-    "lead); remove this mark with that change",
-)
 def test_anthropic_version_is_added_when_the_client_sent_none(gateway, ups):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url))

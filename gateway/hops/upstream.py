@@ -6,6 +6,12 @@ request is sent again only when no completion can have been produced — connect
 byte reaches the client (this hop returns at the upstream's headers). Exponential backoff with
 full jitter from 100 ms; ``Retry-After`` is honoured up to :data:`RETRY_AFTER_CAP` s, beyond
 that the backend is given up for this request and the next one (fallback) is tried.
+
+With passive health (:mod:`gateway.hops.health`) the route's strategy orders the backends that
+are in rotation (:mod:`gateway.hops.balance`); every attempt's outcome is settled there — here
+when the attempt ends before its answer is relayed, at the request's end otherwise — and a
+retry to the backend that just failed is sent only within that backend's retry budget (when it
+is spent, or the failure ejected the backend, the request goes on to the next backend).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Generic, TypeVar
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
+from gateway.hops.health import Health
 from gateway.routes import Backend
 from gateway.transports.base import Body, UpstreamResponse
 
@@ -70,6 +77,16 @@ class AttemptPlan(Generic[_B]):
         return self._tried < self._tries or self._backend + 1 < len(self._backends)
 
     @property
+    def is_retry(self) -> bool:
+        """Whether the attempt last handed out repeats the backend of the one before."""
+        return self._tried > 1
+
+    @property
+    def next_is_retry(self) -> bool:
+        """Whether the next attempt would go to the same backend again."""
+        return self._tried < self._tries
+
+    @property
     def on_last_backend(self) -> bool:
         return self._backend == len(self._backends) - 1
 
@@ -112,11 +129,14 @@ class Upstream:
         attempt_headers: AttemptHeaders | None = None,
         new_span_id: Callable[[], int] = lambda: 0,
         attempt_scope: AttemptScope | None = None,
+        health: Health | None = None,
     ) -> None:
         #: None keeps the attempt path bare when nothing needs per-attempt headers
         self._attempt_headers = attempt_headers
         self._new_span_id = new_span_id
         self._attempt_scope = attempt_scope
+        #: passive health, retry budget and strategies (None: configured order, no budget)
+        self.health = health
 
     async def forward(
         self,
@@ -128,43 +148,70 @@ class Upstream:
     ) -> tuple[UpstreamResponse, Attempt]:
         """Return the response to relay (headers in, body unread), or raise the last
         attempt's :class:`GatewayError` when every attempt failed."""
+        order: Sequence[Backend] = backends
+        if self.health is not None:
+            order = self.health.order(backends)
         if not isinstance(body, bytes | None):
             retries = 0  # a streamed request body can be sent once only
-            backends = backends[:1]
-        plan = AttemptPlan(backends, retries + 1)
+            order = order[:1]
+        plan = AttemptPlan(order, retries + 1)
         delay = 0.0
         while (backend := plan.next()) is not None:
             if delay:
                 await asyncio.sleep(delay)
-            attempt = self._begin(ctx, backend, plan.number)
+            attempt = self._begin(ctx, backend, plan)
             try:
                 resp = await self._send(ctx, backend, attempt, body)
             except GatewayError as exc:
                 attempt.finished()
                 attempt.error = exc
-                if plan.more and _retry_allowed(exc, retry_on_timeout):
+                self._settle(attempt, failed=True)
+                if _retry_allowed(exc, retry_on_timeout) and self._another(plan, backend):
                     delay = _backoff(plan.number)
                     continue
                 raise
             attempt.first_byte = time.perf_counter()
             attempt.status = status = resp.status
             if _is_redirect(status):
+                self._settle(attempt, failed=False)  # it answered; config sent us astray
                 await self._refuse_redirect(resp, attempt)
-            if status in RETRYABLE_STATUS and plan.more:
-                hint = _retry_after(resp)
-                give_up = hint is not None and hint > RETRY_AFTER_CAP
-                if not (give_up and plan.on_last_backend):
+            if status in RETRYABLE_STATUS:
+                next_delay = self._retry_delay(resp, backend, plan)
+                if next_delay is not None:
                     await resp.aclose()
                     attempt.finished()
-                    if give_up:  # more patience asked than we have: the next backend
-                        plan.skip_backend()
-                        delay = 0.0
-                    else:
-                        delay = hint if hint is not None else _backoff(plan.number)
+                    self._settle(attempt, failed=status >= 500)
+                    delay = next_delay
                     continue
             ctx.timeline.upstream_first_byte = attempt.first_byte
-            return resp, attempt
+            return resp, attempt  # settled when the request ends (health.finished)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _another(self, plan: AttemptPlan[Backend], backend: Backend) -> bool:
+        """Whether another attempt follows a retryable failure on ``backend``: a retry to it
+        needs its budget (and it still in rotation), else the next backend is tried."""
+        if self.health is not None and plan.next_is_retry and not self.health.may_retry(backend):
+            plan.skip_backend()
+        return plan.more
+
+    def _retry_delay(
+        self, resp: UpstreamResponse, backend: Backend, plan: AttemptPlan[Backend]
+    ) -> float | None:
+        """After a 429/502/503/504: the delay before the next attempt, or None to relay it."""
+        hint = _retry_after(resp)
+        if hint is not None and hint > RETRY_AFTER_CAP:
+            # more patience asked than we have: the next backend, or this answer on the last
+            if plan.on_last_backend:
+                return None
+            plan.skip_backend()
+            return 0.0
+        if not self._another(plan, backend):
+            return None
+        return hint if hint is not None else _backoff(plan.number)
+
+    def _settle(self, attempt: Attempt, failed: bool) -> None:
+        if self.health is not None:
+            self.health.settle(attempt, failed)
 
     async def _send(
         self, ctx: RequestContext, backend: Backend, attempt: Attempt, body: Body
@@ -180,19 +227,20 @@ class Upstream:
         with self._attempt_scope(ctx, attempt):
             return await request
 
-    def _begin(self, ctx: RequestContext, backend: Backend, number: int) -> Attempt:
-        attempt = Attempt(backend, number, self._new_span_id())
+    def _begin(self, ctx: RequestContext, backend: Backend, plan: AttemptPlan[Backend]) -> Attempt:
+        attempt = Attempt(backend, plan.number, self._new_span_id())
         ctx.attempts.append(attempt)
         if ctx.timeline.upstream_sent is None:
             ctx.timeline.upstream_sent = attempt.start
+        if self.health is not None:
+            self.health.begin(attempt, plan.is_retry)
         return attempt
 
     def _headers(
         self, ctx: RequestContext, backend: Backend, attempt: Attempt
     ) -> list[tuple[str, str]]:
-        headers = ctx.upstream_headers
-        if backend.auth_header is not None:
-            headers = [*headers, backend.auth_header]
+        # the client's forwarded headers, the backend's key and its defaults (anthropic-version)
+        headers = backend.request_headers(ctx.upstream_headers)
         if self._attempt_headers is not None:
             headers = [*headers, *self._attempt_headers(ctx, attempt)]
         return headers

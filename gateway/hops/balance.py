@@ -1,0 +1,102 @@
+"""Load balancing on a route (SPEC §4, §13): which backend a request tries first.
+
+A strategy orders the route's backends that are in rotation (passive health has already
+removed the ejected ones, :mod:`gateway.hops.health`): the first is the backend the first
+attempt goes to, the others are the fallback order. Every strategy is per process and keeps
+only what it needs between requests (the weighted cursor); nothing per request (habit 2).
+
+- ``ordered``: the configured order (the first backend takes everything; the others are
+  fallbacks).
+- ``weighted``: nginx's smooth weighted round robin. Weights 3:1 give ``a a b a`` in every
+  four picks — exact over each cycle, never a burst of one backend; the fallback after the pick
+  is the configured order. A backend out of rotation is simply not a candidate, and the others
+  share its part in proportion to their weights.
+- ``least_outstanding``: the backend with the fewest attempts in flight in this process (ties
+  broken at random), then the others by the same count — Envoy's least-request balancer. With
+  the handful of backends a route lists, all of them are compared (the power of two choices
+  is for large fleets, where comparing all would cost).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from gateway.config import RouteConfig
+from gateway.routes import Backend
+
+#: how many attempts are in flight on a backend (kept by :class:`gateway.hops.health.Health`)
+Outstanding = Callable[[Backend], int]
+
+
+class Strategy(Protocol):
+    def order(self, candidates: Sequence[Backend]) -> Sequence[Backend]:
+        """``candidates`` (in rotation, configured order, at least one) in the order to try."""
+        ...
+
+
+class Ordered:
+    """Configured order: the first backend first, the others as fallbacks."""
+
+    def order(self, candidates: Sequence[Backend]) -> Sequence[Backend]:
+        return candidates
+
+
+class Weighted:
+    """Smooth weighted round robin (nginx ``ngx_http_upstream_get_peer``)."""
+
+    __slots__ = ("_current", "_weights")
+
+    def __init__(self, backends: Sequence[Backend], weights: Sequence[float]) -> None:
+        self._weights = dict(zip(backends, weights, strict=True))
+        self._current = dict.fromkeys(backends, 0.0)
+
+    def order(self, candidates: Sequence[Backend]) -> Sequence[Backend]:
+        if len(candidates) == 1:
+            return candidates
+        current = self._current
+        total = 0.0
+        best: Backend | None = None
+        for b in candidates:
+            weight = self._weights.get(b, 1.0)
+            current[b] = current.get(b, 0.0) + weight
+            total += weight
+            if best is None or current[b] > current[best]:
+                best = b
+        assert best is not None
+        current[best] -= total
+        return (best, *(b for b in candidates if b is not best))
+
+
+class LeastOutstanding:
+    """Fewest attempts in flight first; ties at random."""
+
+    __slots__ = ("_outstanding", "_random")
+
+    def __init__(self, outstanding: Outstanding, rng: random.Random | None = None) -> None:
+        self._outstanding = outstanding
+        self._random = (rng or random.Random()).random
+
+    def order(self, candidates: Sequence[Backend]) -> Sequence[Backend]:
+        if len(candidates) == 1:
+            return candidates
+        outstanding, tie = self._outstanding, self._random
+        return sorted(candidates, key=lambda b: (outstanding(b), tie()))
+
+
+def make_strategy(
+    config: RouteConfig,
+    backends: Sequence[Backend],
+    outstanding: Outstanding,
+    rng: random.Random | None = None,
+) -> Strategy:
+    """The route's strategy (``strategy`` and ``weights`` were validated with the config)."""
+    if config.strategy == "weighted" and config.weights is not None:
+        return Weighted(backends, config.weights)
+    if config.strategy == "least_outstanding":
+        return LeastOutstanding(outstanding, rng)
+    return Ordered()
+
+
+__all__ = ["LeastOutstanding", "Ordered", "Strategy", "Weighted", "make_strategy"]

@@ -1,0 +1,302 @@
+"""The gateway under uvicorn (uvloop + httptools): slow clients, connection limit, drain.
+
+What stock uvicorn does not do, and the gateway needs in front of the internet (SPEC §4
+``[server]``, §13):
+
+- ``client_header_timeout_s`` (nginx ``client_header_timeout``, Envoy
+  ``request_headers_timeout``): a connection that has not sent a whole request head that long
+  after it was accepted — or, on a kept-alive connection, after the next request's first byte —
+  gets a 408 and is closed. Without it, a client that sends half a head and then nothing (or a
+  byte at a time) holds a connection and a file descriptor for ever.
+- ``client_body_timeout_s`` (nginx ``client_body_timeout``): more than that between two reads of
+  a request body gets a 408 (OpenAI error shape) and the connection is closed. Time the
+  gateway itself is not reading (flow control paused, or ``Expect: 100-continue`` not answered
+  yet) never counts against the client. The request path sees the client go away (499).
+- ``max_client_connections``: a connection beyond it gets a 503 (``Retry-After: 1``) and is
+  closed at once, while the connections already open keep being served.
+- SIGTERM is a graceful drain, not an error: stop accepting, let in-flight requests and
+  streams finish within ``shutdown_grace_s`` (then cancel what is left), run the lifespan
+  shutdown (pools closed, spans flushed), exit 0. Stock uvicorn re-raises SIGTERM after the
+  drain, so the process ends -15 and a Kubernetes rollout logs every pod stop as a failure.
+  With ``workers > 1`` uvicorn's supervisor forwards SIGTERM to each worker (each drains the
+  same way) and exits 0 once they are done; it first closes its own copy of the listening
+  socket, so the port stops accepting as soon as the workers close theirs.
+
+:class:`GuardedHttpToolsProtocol` is the only place that knows about uvicorn's protocol
+internals; it is small on purpose, so that other per-connection concerns can subclass it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+from uvicorn.supervisors.multiprocess import Multiprocess
+
+from gateway.config import Config
+from gateway.errors import error_body
+from gateway.types import ASGIApp
+
+#: a worker that could not start (uvicorn's convention)
+STARTUP_FAILURE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """The ``[server]`` guards against slow and too many clients (SPEC §4)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 10_000
+
+    @classmethod
+    def of(cls, config: Config) -> ClientLimits:
+        s = config.server
+        return cls(s.client_header_timeout_s, s.client_body_timeout_s, s.max_client_connections)
+
+
+class GatewayUvicornConfig(uvicorn.Config):
+    """uvicorn's config plus the client limits (pickled to each worker with it)."""
+
+    def __init__(self, app: ASGIApp | str, limits: ClientLimits, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.client_limits = limits
+
+
+def _canned(status: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
+    """A whole HTTP/1.1 answer with the OpenAI error shape, sent outside any request."""
+    kind = "request_timeout" if status.startswith(b"408") else "service_unavailable"
+    body = error_body(message, kind, code)
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n" + extra + b"connection: close\r\n"
+        b"x-should-retry: " + (b"false" if kind == "request_timeout" else b"true") + b"\r\n\r\n"
+    ) + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the client guards: header and body timeouts, and a
+    connection limit. Timers are plain ``call_later`` handles: one per request head, one per
+    request body (re-armed only when it fires early, never per chunk)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.client_limits: ClientLimits = getattr(config, "client_limits", ClientLimits())
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_read_at = 0.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.client_limits
+        if len(self.connections) > limits.max_connections:
+            message = f"the gateway holds {limits.max_connections} client connections; retry"
+            transport.write(
+                _canned(b"503 Service Unavailable", "max_client_connections", message, _RETRY_1)
+            )
+            transport.close()
+            return
+        self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # a kept-alive connection's next request: from its 1st byte
+            self._head_timer = self.loop.call_later(
+                self.client_limits.header_timeout_s, self._head_timed_out
+            )
+
+    def on_headers_complete(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().on_headers_complete()
+        # a body may follow: watch the gaps between its reads (cancelled at message complete)
+        self._body_read_at = self.loop.time()
+        self._body_timer = self.loop.call_later(
+            self.client_limits.body_timeout_s, self._body_stalled
+        )
+
+    def on_body(self, body: bytes) -> None:
+        self._body_read_at = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    # ------------------------------------------------------------ the guards
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        timeout = self.client_limits.header_timeout_s
+        self._close_with_408(
+            "client_header_timeout", f"the request head did not arrive within {timeout:g} s"
+        )
+
+    def _body_stalled(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        timeout = self.client_limits.body_timeout_s
+        now = self.loop.time()
+        if self.flow.read_paused or cycle.waiting_for_100_continue:
+            self._body_read_at = now  # the gateway is not reading: not the client's time
+        left = self._body_read_at + timeout - now
+        if left > 0:
+            self._body_timer = self.loop.call_later(left, self._body_stalled)
+            return
+        self._close_with_408(
+            "client_body_timeout", f"no request body bytes arrived for {timeout:g} s"
+        )
+
+    def _close_with_408(self, code: str, message: str) -> None:
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or not cycle.response_started:
+            self.transport.write(_canned(b"408 Request Timeout", code, message))
+        if cycle is not None and not cycle.response_complete:
+            # the request path sees the client go away; nothing else is written here
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+
+
+_RETRY_1 = b"retry-after: 1\r\n"
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server whose SIGTERM is a drain that ends in exit status 0.
+
+    uvicorn restores the previous handlers after the drain and raises every captured signal
+    again; here SIGTERM is not raised again (it was handled: the drain is the handling), while
+    SIGINT still is (Ctrl+C keeps the shell's convention).
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+        if signal.SIGINT in self._captured_signals:
+            signal.raise_signal(signal.SIGINT)
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's multiprocess supervisor that stops listening as soon as it is told to stop."""
+
+    def handle_term(self) -> None:
+        self._stop_listening()
+        super().handle_term()
+
+    def handle_int(self) -> None:
+        self._stop_listening()
+        super().handle_int()
+
+    def _stop_listening(self) -> None:
+        # the workers hold the same listening socket: once they close theirs, nothing accepts
+        for sock in self.sockets:
+            sock.close()
+
+
+def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> GatewayUvicornConfig:
+    """The uvicorn config ``gateway serve`` runs with (tests pass ``port=`` and such)."""
+    server = config.server
+    options: dict[str, Any] = dict(
+        host=server.host,
+        port=server.port,
+        loop="uvloop",
+        http=GuardedHttpToolsProtocol,
+        lifespan="on",
+        proxy_headers=False,  # the edge hop decides whom to trust (edge.trusted_proxies)
+        server_header=False,
+        access_log=False,  # the gateway writes its own access log
+        # a float is fine: uvicorn hands it to asyncio.timeout(); 0 cancels at once
+        timeout_graceful_shutdown=server.shutdown_grace_s,
+        log_level=config.logging.level,
+        backlog=4096,
+    )
+    options.update(overrides)
+    return GatewayUvicornConfig(app, ClientLimits.of(config), **options)
+
+
+def serve(config: Config) -> int:
+    """Run the gateway until SIGTERM (drained: 0) or SIGINT; workers > 1 under the supervisor."""
+    server = config.server
+    print(
+        f"gateway: serving on http://{server.host}:{server.port} (config: {config.source})",
+        file=sys.stderr,
+        flush=True,
+    )
+    if server.workers > 1:
+        return _serve_workers(config)
+    from gateway.app import Gateway
+
+    uv = uvicorn_config(config, Gateway(config))
+    gateway_server = GatewayServer(uv)
+    gateway_server.run()
+    return 0 if gateway_server.started else STARTUP_FAILURE
+
+
+def _serve_workers(config: Config) -> int:
+    from gateway.telemetry.metrics import METRICS_DIR_ENV
+
+    # the workers' metrics snapshots, merged by whichever worker answers /metrics
+    with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
+        os.environ[METRICS_DIR_ENV] = shared
+        uv = uvicorn_config(
+            config, "gateway.app:create_app", factory=True, workers=config.server.workers
+        )
+        sock = uv.bind_socket()
+        supervisor = Supervisor(uv, sockets=[sock])
+        supervisor.run()
+    failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
+    return STARTUP_FAILURE if failed else 0
+
+
+__all__ = [
+    "ClientLimits",
+    "GatewayServer",
+    "GatewayUvicornConfig",
+    "GuardedHttpToolsProtocol",
+    "Supervisor",
+    "serve",
+    "uvicorn_config",
+]
