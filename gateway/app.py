@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from gateway import endpoints
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
+from gateway.live import LiveView
 from gateway.pipeline import model_call
 from gateway.runtime import Runtime, build_runtime
 from gateway.telemetry.tracing import Tracing
@@ -53,6 +54,8 @@ class Gateway:
         }
         if config.metrics.enabled:
             self._endpoints["/metrics"] = endpoints.metrics
+        if config.ui.enabled:  # the live view under [ui] path (SPEC §18)
+            self._endpoints.update(LiveView(config).endpoints())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -138,6 +138,10 @@ VARIANTS: dict[str, Variant] = {
         + _NO_TRACING
         + '[logging]\naccess_log = "sampled"\nslow_ms = 500\nsample_ratio = 0.01\n',
     ),
+    "ui": Variant(
+        "core with the live view on and nobody watching (one ring-buffer append per request)",
+        _NO_CACHE + _NO_TRACING + "[ui]\nenabled = true\n",
+    ),
 }
 DEFAULT_VARIANTS = ("core",)
 BASELINE = "core"

@@ -1,0 +1,450 @@
+// llm-gateway live view: plain JavaScript, no build step, nothing fetched from elsewhere.
+// Data comes from the gateway itself: api/requests (the ring buffer), api/stream (SSE, one
+// event per finished request), api/backends. Every value from a request is put into the page
+// with textContent / dataset, never parsed as HTML.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    records: new Map(), // seq -> record
+    rows: new Map(), // seq -> <tr> (records never change: built once)
+    size: 500,
+    slowMs: 500,
+    last: 0,
+    selected: null,
+    es: null,
+    scheduled: false,
+    opened: 0,
+    backendTimer: null,
+  };
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function ms(v) {
+    if (v === null || v === undefined) return "–";
+    return Number(v).toFixed(v < 10 ? 3 : v < 1000 ? 1 : 0);
+  }
+
+  function pct(fraction) {
+    return (Math.max(0, Math.min(1, fraction)) * 100).toFixed(4) + "%";
+  }
+
+  // nearest-rank percentile, as gateway/telemetry/recent.py computes it
+  function percentile(sorted, p) {
+    if (!sorted.length) return null;
+    return sorted[Math.max(0, Math.ceil((p / 100) * sorted.length) - 1)];
+  }
+
+  function setConn(kind, text) {
+    const c = $("conn");
+    c.dataset.state = kind;
+    c.textContent = text || kind;
+  }
+
+  // ---------------------------------------------------------------- loading
+
+  async function load() {
+    let r;
+    try {
+      r = await fetch("api/requests", { credentials: "same-origin", cache: "no-store" });
+    } catch (err) {
+      setConn("closed", "gateway unreachable");
+      setTimeout(load, 3000);
+      return;
+    }
+    if (r.status === 401 || r.status === 403) {
+      showSignin(await errorMessage(r));
+      return;
+    }
+    if (!r.ok) {
+      setConn("closed", "error " + r.status);
+      return;
+    }
+    const body = await r.json();
+    state.size = body.buffer.size;
+    state.slowMs = body.slow_ms;
+    $("slow-ms").textContent = "(≥ " + body.slow_ms + " ms)";
+    $("signout").hidden = !body.auth;
+    $("buffer").textContent = "buffer " + body.buffer.size;
+    state.records.clear();
+    state.rows.clear();
+    for (const rec of body.requests.slice().reverse()) add(rec, false);
+    $("signin").hidden = true;
+    $("view").hidden = false;
+    render();
+    connect();
+    loadBackends();
+    if (state.backendTimer === null) state.backendTimer = setInterval(loadBackends, 5000);
+  }
+
+  async function errorMessage(r) {
+    try {
+      return (await r.json()).error.message;
+    } catch (err) {
+      return "HTTP " + r.status;
+    }
+  }
+
+  function add(rec, live) {
+    if (state.records.has(rec.seq)) return;
+    state.records.set(rec.seq, rec);
+    if (rec.seq > state.last) state.last = rec.seq;
+    if (live) rec._fresh = true;
+    while (state.records.size > state.size) {
+      const oldest = Math.min(...state.records.keys());
+      state.records.delete(oldest);
+      state.rows.delete(oldest);
+    }
+  }
+
+  function connect() {
+    if (state.es !== null) state.es.close();
+    const es = new EventSource("api/stream?after=" + state.last);
+    state.es = es;
+    es.addEventListener("open", () => {
+      state.opened = Date.now();
+      setConn("live");
+    });
+    es.addEventListener("request", (ev) => {
+      add(JSON.parse(ev.data), true);
+      schedule();
+    });
+    es.addEventListener("error", () => {
+      if (es.readyState === EventSource.CLOSED) {
+        // refused (signed out, gateway restarted without the view): start over
+        setConn("closed", "disconnected");
+        state.es = null;
+        setTimeout(load, 2000);
+        return;
+      }
+      // streams end every few seconds and EventSource resumes (Last-Event-ID): only a
+      // reconnect that takes a while is worth showing
+      const at = Date.now();
+      setTimeout(() => {
+        if (state.opened < at && es.readyState !== EventSource.OPEN) setConn("reconnecting");
+      }, 1500);
+    });
+  }
+
+  async function loadBackends() {
+    let r;
+    try {
+      r = await fetch("api/backends", { credentials: "same-origin", cache: "no-store" });
+    } catch (err) {
+      return;
+    }
+    if (!r.ok) return;
+    const body = await r.json();
+    const tbody = $("backends").tBodies[0];
+    tbody.replaceChildren(...body.backends.map(backendRow));
+    const cache = body.cache || {};
+    $("cache-state").textContent =
+      "cache " + (cache.backend || "?") + (cache.state ? " (" + cache.state + ")" : "");
+    const tracing = body.tracing || {};
+    $("tracing-state").textContent =
+      "tracing " + (tracing.exporter || "?") + (tracing.state ? " (" + tracing.state + ")" : "");
+  }
+
+  function backendRow(b) {
+    const tr = el("tr");
+    tr.dataset.backend = b.name;
+    const h = b.health || {};
+    const up = h.up === true ? "in rotation" : h.up === false ? "ejected" : "unknown";
+    const health = el("td", h.up === false ? "error" : "", up);
+    health.title = Object.entries(h)
+      .map(([k, v]) => k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))
+      .join("\n");
+    tr.append(
+      el("td", "mono", b.name),
+      el("td", "", b.provider),
+      el("td", "mono", b.url),
+      el("td", "", b.transport),
+      health,
+      el("td", "num", b.attempts),
+      el("td", "num" + (b.failed ? " error" : ""), b.failed),
+      el("td", "num", b.last_status === null ? "–" : b.last_status),
+      el("td", "num", ms(b.attempt_ms.p50)),
+    );
+    return tr;
+  }
+
+  // ---------------------------------------------------------------- rendering
+
+  function schedule() {
+    if (state.scheduled) return;
+    state.scheduled = true;
+    requestAnimationFrame(() => {
+      state.scheduled = false;
+      render();
+    });
+  }
+
+  function filters() {
+    return {
+      status: $("f-status").value,
+      model: $("f-model").value,
+      route: $("f-route").value,
+      slow: $("f-slow").checked,
+    };
+  }
+
+  function statusMatches(wanted, r) {
+    if (wanted === "error") return r.status >= 400 || r.error !== null;
+    if (wanted.endsWith("xx")) return Math.floor(r.status / 100) === Number(wanted[0]);
+    return r.status === Number(wanted);
+  }
+
+  function matches(r, f) {
+    if (f.model && r.model !== f.model) return false;
+    if (f.route && r.route !== f.route) return false;
+    if (f.slow && r.request_ms < state.slowMs) return false;
+    return !f.status || statusMatches(f.status, r);
+  }
+
+  function render() {
+    if ($("f-pause").checked) return;
+    const f = filters();
+    const seqs = [...state.records.keys()].sort((a, b) => b - a);
+    const shown = [];
+    for (const seq of seqs) {
+      const rec = state.records.get(seq);
+      if (matches(rec, f)) shown.push(rec);
+    }
+    $("requests").tBodies[0].replaceChildren(...shown.map(rowFor));
+    $("shown").textContent =
+      "(" + shown.length + (shown.length === state.records.size ? "" : " of " + state.records.size) + ")";
+    $("empty").hidden = state.records.size > 0;
+    renderStats(shown);
+    refreshOptions("f-model", "model");
+    refreshOptions("f-route", "route");
+  }
+
+  function renderStats(records) {
+    for (const card of document.querySelectorAll("#stats .card")) {
+      const key = card.dataset.metric;
+      const values = records.map((r) => r[key]).filter((v) => v !== null && v !== undefined);
+      values.sort((a, b) => a - b);
+      const dl = card.querySelector("dl");
+      dl.replaceChildren();
+      for (const p of [50, 90, 99]) {
+        const dd = el("dd", "", values.length ? ms(percentile(values, p)) + " ms" : "–");
+        dd.dataset.p = "p" + p;
+        const v = percentile(values, p);
+        dd.dataset.value = v === null ? "" : String(v);
+        dl.append(el("dt", "", "p" + p), dd);
+      }
+      const n = el("dd", "", values.length);
+      n.dataset.p = "count";
+      dl.append(el("dt", "", "n"), n);
+    }
+  }
+
+  function refreshOptions(id, key) {
+    const select = $(id);
+    const values = [...new Set([...state.records.values()].map((r) => r[key]).filter((v) => v))].sort();
+    const have = [...select.options].slice(1).map((o) => o.value);
+    if (have.length === values.length && have.every((v, i) => v === values[i])) return;
+    const current = select.value;
+    select.replaceChildren(el("option", "", "all"));
+    select.options[0].value = "";
+    for (const v of values) {
+      const o = el("option", "", v);
+      o.value = v;
+      select.append(o);
+    }
+    if (values.includes(current)) select.value = current;
+  }
+
+  function rowFor(rec) {
+    let tr = state.rows.get(rec.seq);
+    if (tr) return tr;
+    tr = el("tr", "req");
+    const d = tr.dataset;
+    d.seq = rec.seq;
+    d.id = rec.id;
+    d.status = rec.status;
+    d.cache = rec.cache;
+    d.requestMs = rec.request_ms;
+    d.totalMs = rec.total_ms;
+    d.edgeMs = rec.edge_ms;
+    if (rec.status >= 400 || rec.error) tr.classList.add("err");
+    if (rec._fresh) {
+      tr.classList.add("fresh");
+      setTimeout(() => tr.classList.remove("fresh"), 1600);
+    }
+    const when = new Date(rec.time * 1000);
+    const time = when.toLocaleTimeString([], { hour12: false }) + "." + String(when.getMilliseconds()).padStart(3, "0");
+    const wf = el("td", "wf-cell");
+    wf.append(waterfall(rec));
+    tr.append(
+      el("td", "mono", time),
+      el("td", "mono id", rec.id),
+      el("td", "", rec.method),
+      el("td", "mono path", rec.path),
+      el("td", "mono", rec.model || "–"),
+      el("td", "", rec.route || "–"),
+      el("td", "", rec.backend || "–"),
+      el("td", "status", rec.status),
+      el("td", rec.cache === "hit" ? "cache-hit" : "", rec.cache),
+      el("td", "", rec.tenant || "–"),
+      el("td", "num", ms(rec.request_ms)),
+      el("td", "num", ms(rec.overhead_ms)),
+      el("td", "num", ms(rec.upstream_ms)),
+      el("td", "num", ms(rec.ttft_ms)),
+      wf,
+    );
+    tr.children[1].title = rec.id;
+    tr.children[3].title = rec.path;
+    if (rec.error) tr.children[7].title = rec.error.type + ": " + rec.error.message;
+    tr.addEventListener("click", () => select(rec));
+    state.rows.set(rec.seq, tr);
+    return tr;
+  }
+
+  function hopLabel(h) {
+    if (h.kind === "upstream") {
+      return "upstream #" + h.attempt + " " + h.backend + (h.status ? " → " + h.status : "") + (h.error ? " (" + h.error + ")" : "");
+    }
+    if (h.kind === "edge") return "hop " + h.name + " (from its header)";
+    return h.name;
+  }
+
+  function waterfall(rec) {
+    const wf = el("div", "wf");
+    let scale = rec.total_ms;
+    for (const s of rec.details) scale = Math.max(scale, s.start_ms + s.dur_ms);
+    scale = Math.max(scale, 0.001);
+    for (const h of rec.hops) {
+      const bar = el("span", "bar k-" + h.kind + " n-" + String(h.name).replace(/[^A-Za-z0-9_-]/g, "_"));
+      bar.style.left = pct(h.start_ms / scale);
+      bar.style.width = pct(h.dur_ms / scale);
+      bar.dataset.name = h.name;
+      bar.dataset.kind = h.kind;
+      bar.dataset.startMs = h.start_ms;
+      bar.dataset.durMs = h.dur_ms;
+      bar.title = hopLabel(h) + ": " + ms(h.dur_ms) + " ms";
+      if (h.kind === "upstream") {
+        if (h.error || h.status >= 500) bar.classList.add("failed");
+        if (h.first_byte_ms !== undefined && h.dur_ms > 0) {
+          const wait = el("span", "wait");
+          wait.style.width = pct((h.first_byte_ms - h.start_ms) / h.dur_ms);
+          bar.append(wait);
+        }
+      }
+      wf.append(bar);
+    }
+    for (const s of rec.details) {
+      const sub = el("span", "sub");
+      sub.style.left = pct(s.start_ms / scale);
+      sub.style.width = pct(s.dur_ms / scale);
+      sub.dataset.name = s.name;
+      sub.dataset.durMs = s.dur_ms;
+      sub.title = s.name + (s.error ? " (cache unavailable)" : "") + ": " + ms(s.dur_ms) + " ms";
+      wf.append(sub);
+    }
+    const first = rec.marks.first_content_ms;
+    if (first !== null && first !== undefined) {
+      const mark = el("span", "mark");
+      mark.style.left = pct(first / scale);
+      mark.title = "first token at " + ms(rec.ttft_ms) + " ms";
+      wf.append(mark);
+    }
+    wf.title = "total " + ms(rec.total_ms) + " ms";
+    return wf;
+  }
+
+  // ---------------------------------------------------------------- one request in detail
+
+  function select(rec) {
+    if (state.selected !== null) {
+      const old = state.rows.get(state.selected);
+      if (old) old.classList.remove("selected");
+    }
+    state.selected = rec.seq;
+    state.rows.get(rec.seq).classList.add("selected");
+    $("detail").hidden = false;
+    $("d-id").textContent = rec.id;
+    const facts = [
+      ["trace id", rec.trace_id ? rec.trace_id + (rec.sampled ? "" : " (not sampled)") : "–"],
+      ["status", rec.status],
+      ["error", rec.error ? rec.error.type + ": " + rec.error.message : "–"],
+      ["stream", rec.stream ? "yes" : "no"],
+      ["tokens in / out", (rec.tokens.input ?? "–") + " / " + (rec.tokens.output ?? "–")],
+      ["attempts", rec.attempts.length],
+      ["edge ms", ms(rec.edge_ms)],
+      ["total ms", ms(rec.total_ms)],
+    ];
+    const discarded = Object.entries(rec.edge_discarded || {});
+    if (discarded.length) facts.push(["edge headers discarded", discarded.map(([k, v]) => k + ": " + v).join(", ")]);
+    const dl = $("d-facts");
+    dl.replaceChildren();
+    for (const [k, v] of facts) dl.append(el("dt", "", k), el("dd", "mono", v));
+    const rows = [];
+    for (const h of rec.hops) rows.push([hopLabel(h), h.start_ms, h.dur_ms, h.kind]);
+    for (const s of rec.details) rows.push(["  " + s.name, s.start_ms, s.dur_ms, "inside " + (s.parent || "the request") + ", not in the sum"]);
+    const tbody = $("d-hops").tBodies[0];
+    tbody.replaceChildren(
+      ...rows.map(([name, start, dur, about]) => {
+        const tr = el("tr");
+        tr.append(el("td", "mono", name), el("td", "num", ms(start)), el("td", "num", ms(dur)), el("td", "muted", about));
+        return tr;
+      }),
+    );
+    const content = $("d-content");
+    content.replaceChildren();
+    if (rec.input !== undefined) {
+      content.append(el("h3", "", "prompt (tracing.capture_content)"), el("pre", "", rec.input ?? "–"));
+      content.append(el("h3", "", "completion"), el("pre", "", rec.output ?? "–"));
+    }
+  }
+
+  // ---------------------------------------------------------------- sign in / out
+
+  function showSignin(message) {
+    $("view").hidden = true;
+    $("signin").hidden = false;
+    $("signin-message").textContent = message || "";
+    setConn("closed", "signed out");
+    if (state.es !== null) {
+      state.es.close();
+      state.es = null;
+    }
+  }
+
+  $("signin-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const key = $("signin-key").value.trim();
+    const r = await fetch("api/session", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { Authorization: "Bearer " + key },
+    });
+    $("signin-key").value = "";
+    if (r.ok) load();
+    else $("signin-message").textContent = await errorMessage(r);
+  });
+
+  $("signout").addEventListener("click", async () => {
+    await fetch("api/session", { method: "DELETE", credentials: "same-origin" });
+    showSignin("signed out");
+  });
+
+  $("d-close").addEventListener("click", () => {
+    $("detail").hidden = true;
+    const old = state.rows.get(state.selected);
+    if (old) old.classList.remove("selected");
+    state.selected = null;
+  });
+
+  for (const id of ["f-status", "f-model", "f-route", "f-slow", "f-pause"]) {
+    $(id).addEventListener("change", render);
+  }
+
+  load();
+})();
