@@ -25,7 +25,7 @@ and the response writer) and :class:`TraceContext` (the trace ids, fixed at the 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -245,6 +245,10 @@ class RequestContext:
     tenant: str | None = None
     #: the caller's key has ``admin = true`` (may open the live view when auth is on)
     admin = False
+    #: the models the caller's key may call (None: every model); the router asks it
+    permits: Callable[[str], bool] | None = None
+    #: the caller's key entry (:class:`gateway.hops.auth.KeyEntry`), for the token debit
+    limit_key: object | None = None
     # -- from the router
     #: the response coding negotiated from Accept-Encoding (SPEC §9)
     coding = "identity"
