@@ -12,12 +12,16 @@ other request header), so a client knows what it asked for and can check what it
     x-fault: status=503         answer 503 (any status) with an OpenAI error body
     x-fault: big=1073741824     a stream of that many content bytes (16 KiB events)
 
-``words=N`` (in the same header, comma separated) sets the answer's length. Server-wide 5xx
+``words=N`` (in the same header, comma separated) sets the answer's length. A request without
+the header gets the server's ``default`` fault (none unless set: a clean answer), so two
+backends of one route can behave differently for the same request (one slow, one failing), and a
+test can change a backend's behaviour while it runs by assigning ``default``. Server-wide 5xx
 bursts (``burst_every``/``burst_for``) answer 503 to every request for ``burst_for`` seconds
 out of every ``burst_every`` — the way a backend under a deploy or an overload behaves.
 
 In tests: ``FaultServer(FaultyUpstream().handler)``; for the soak, its own process:
-``python -m tests.faults --port P [--burst-every S --burst-for S]`` (stopped by SIGTERM).
+``python -m tests.faults --port P [--burst-every S --burst-for S] [--default FAULT]``
+(stopped by SIGTERM; ``--stats-every S`` prints what it saw by fault kind every S seconds).
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class FaultyUpstream:
 
     burst_every: float = 0.0
     burst_for: float = 0.0
+    #: the fault of a request without ``x-fault`` (``"status=503"``, ``"latency=300"``, …)
+    default: str = ""
     seen: dict[str, int] = field(default_factory=dict)
     _started: float = field(default_factory=time.monotonic)
 
@@ -86,10 +92,11 @@ class FaultyUpstream:
         return (time.monotonic() - self._started) % self.burst_every < self.burst_for
 
     async def handler(self, req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
-        fault = Fault.parse(req.header("x-fault"))
+        fault = Fault.parse(req.header("x-fault") or self.default)
+        kind = fault.name
         if self.in_burst():
-            fault = Fault("status", 503)
-        self.seen[fault.name] = self.seen.get(fault.name, 0) + 1
+            fault, kind = Fault("status", 503), "burst"
+        self.seen[kind] = self.seen.get(kind, 0) + 1
         stream = _wants_stream(req.body)
         if fault.name == "latency":
             await asyncio.sleep(fault.arg / 1000 * random.uniform(0.9, 1.1))
@@ -255,8 +262,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--burst-every", type=float, default=0.0, help="s between 503 bursts")
     p.add_argument("--burst-for", type=float, default=0.0, help="s each burst lasts")
+    p.add_argument("--default", default="", help="the fault of a request without x-fault")
     args = p.parse_args()
-    faults = FaultyUpstream(args.burst_every, args.burst_for)
+    faults = FaultyUpstream(args.burst_every, args.burst_for, args.default)
     server = FaultServer(faults.handler)
     server.port = args.port
     stop = threading.Event()
@@ -267,6 +275,8 @@ def main() -> None:
         while not stop.wait(0.5):
             server.requests.clear()  # a long soak: keep the upstream's own memory flat
     server.stop()
+    # what it saw, by fault kind ("burst": answered 503 by a burst), for whoever started it
+    print("faults: seen " + orjson.dumps(faults.seen).decode(), flush=True)
 
 
 if __name__ == "__main__":
