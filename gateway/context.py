@@ -6,16 +6,24 @@ Timeline points below, so they cannot disagree.
 
 Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` until reached::
 
-    received            [DS_RX_BEG]  first ASGI event for the request
+    received            [DS_RX_BEG]  the request's first byte read from the client socket
     body_received                    request body fully read
     auth_done                        key checked, tenant known
     routed                           body parsed, route chosen, cache looked up
-    upstream_sent       [US_TX_BEG]  first attempt's request handed to the transport
-    upstream_first_byte [US_RX_BEG]  response headers of the answering attempt
-    upstream_done       [US_RX_END]  its body fully read (or the stream ended)
-    client_first_byte   [DS_TX_BEG]  response headers sent to the client
+    upstream_sent       [US_TX_BEG]  the request's last byte written to the upstream socket
+    upstream_first_byte [US_RX_BEG]  the answer's first byte read from the upstream socket
+    upstream_done       [US_RX_END]  its last byte read (or the stream ended)
+    client_first_byte   [DS_TX_BEG]  response headers handed to the client transport
     first_content                    first content-bearing SSE event sent (TTFT)
-    done                [DS_TX_END]  last byte sent to the client
+    done                [DS_TX_END]  the last byte handed to the client transport
+
+The points sit at the sockets (DESIGN "the Timeline's points"): ``received`` is stamped by the
+server protocol (:class:`gateway.server.GuardedHttpToolsProtocol`) under :data:`RECEIVED_AT` in
+the ASGI scope, before any parsing or queueing; the upstream points by the transport, at its
+socket (an attempt's ``start`` is when its connection was being opened, or on a pooled one
+when the request's last byte was written; its ``end`` when the answer's last byte was read). So
+``upstream_time`` is the upstream's (and the network's) time, not the client library's, and
+everything else between ``received`` and ``done`` is the gateway's overhead.
 
 The context is typed in parts, each written by one hop: the edge's facts on the context itself,
 :class:`Call` (the router), :class:`CacheOutcome` (the cache), :class:`Answer` (the upstream
@@ -28,6 +36,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
+
+#: the ASGI scope key under which the server puts ``time.perf_counter()`` of the moment the
+#: request's first byte was read from the client socket (absent: the first ASGI event is used)
+RECEIVED_AT = "gateway.received_at"
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError
@@ -54,6 +66,12 @@ class Timeline:
         self.wall_ns = time.time_ns()
         self.received = time.perf_counter()
 
+    def received_at(self, t: float) -> None:
+        """Move ``received`` back to ``t`` (the socket read), the wall clock with it."""
+        if t < self.received:
+            self.wall_ns -= int((self.received - t) * 1e9)
+            self.received = t
+
     def epoch_ns(self, t: float) -> int:
         """A perf_counter point as Unix epoch nanoseconds (for span timestamps)."""
         return self.wall_ns + int((t - self.received) * 1e9)
@@ -77,9 +95,21 @@ class Attempt:
     def duration(self, now: float) -> float:
         return (self.end if self.end is not None else now) - self.start
 
-    def finished(self) -> None:
+    def finished(self, at: float | None = None) -> None:
+        """The attempt is over: at ``at`` (the answer's last byte read, from the transport's
+        socket clock) or now."""
         if self.end is None:
-            self.end = time.perf_counter()
+            self.end = time.perf_counter() if at is None else at
+
+    def at_sockets(self, start: float | None, first_byte: float | None) -> None:
+        """Take the transport's socket times over the hop's (SPEC §6): ``start`` when the
+        connection was being opened or the request's last byte was written, ``first_byte`` when
+        the answer's first byte was read. Whatever ran between those and the hop's own stamps
+        (building the request, the client library, waiting for the event loop) is overhead."""
+        if start is not None and start >= self.start:
+            self.start = start
+        if first_byte is not None and first_byte >= self.start:
+            self.first_byte = first_byte
 
 
 class TraceContext:
@@ -260,6 +290,9 @@ class RequestContext:
 
     def __init__(self, scope: Scope, timeline: Timeline) -> None:
         self.scope = scope
+        received = scope.get(RECEIVED_AT)
+        if received is not None:  # the socket read, stamped by the server protocol
+            timeline.received_at(received)
         self.timeline = timeline
         self.method: str = scope["method"]
         self.path: str = scope["path"]

@@ -35,6 +35,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from uvicorn.server import ServerState
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from gateway.config import Config
+from gateway.context import RECEIVED_AT
 from gateway.errors import error_body
 from gateway.types import ASGIApp
 
@@ -120,7 +122,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
+        # httptools calls this from data_received on the request's first byte: that read is the
+        # Timeline's ``received`` (SPEC §6), before parsing, the ASGI task and any queueing
+        received = time.perf_counter()
         super().on_message_begin()
+        self.scope[RECEIVED_AT] = received  # type: ignore[literal-required]
         if self._head_timer is None:  # a kept-alive connection's next request: from its 1st byte
             self._head_timer = self.loop.call_later(
                 self.client_limits.header_timeout_s, self._head_timed_out

@@ -51,6 +51,7 @@ async def relay_json(
     out: ResponseWriter,
 ) -> bytes | None:
     """Relay a non-stream answer; returns the decoded body when it was held whole."""
+    upstream_answered(ctx, attempt, resp)
     parts: list[bytes] = []
     size = 0
     try:
@@ -62,7 +63,7 @@ async def relay_json(
                 await _stream_rest(ctx, resp, out, parts, chunks)
                 return None
     finally:
-        upstream_finished(ctx, attempt)
+        upstream_finished(ctx, attempt, resp)
         await resp.aclose()
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
     upstream_coding = header_value(resp.headers, b"content-encoding")
@@ -141,6 +142,7 @@ async def relay_raw(
     ctx: RequestContext, resp: UpstreamResponse, attempt: Attempt, out: ResponseWriter
 ) -> None:
     """Pass an answer through chunk by chunk (paths the gateway does not interpret)."""
+    upstream_answered(ctx, attempt, resp)
     try:
         headers = copy_headers(resp.headers, _KEEP_LENGTH)
         headers.extend(upstream_request_id(resp.headers))
@@ -149,13 +151,34 @@ async def relay_raw(
             await out.body(chunk, more=True)
         await out.body(b"")
     finally:
-        upstream_finished(ctx, attempt)
+        upstream_finished(ctx, attempt, resp)
         await resp.aclose()
 
 
-def upstream_finished(ctx: RequestContext, attempt: Attempt) -> None:
+def upstream_answered(ctx: RequestContext, attempt: Attempt, resp: UpstreamResponse) -> None:
+    """The answering attempt's socket times, where its transport keeps them (SPEC §6).
+
+    The upstream hop stamps an attempt around the transport call; a transport that knows when
+    the request's last byte went out and the answer's first byte came in (``started_at``,
+    ``sent_at``, ``first_byte_at`` on its response, see :mod:`gateway.transports.base`) moves
+    the attempt to those, so the client library's own work is the gateway's overhead.
+    """
+    attempt.at_sockets(getattr(resp, "started_at", None), getattr(resp, "first_byte_at", None))
+    t = ctx.timeline
+    if attempt.first_byte is not None:
+        t.upstream_first_byte = attempt.first_byte
+    if ctx.attempts and ctx.attempts[0] is attempt:
+        sent = getattr(resp, "sent_at", None)
+        t.upstream_sent = attempt.start if sent is None else max(sent, attempt.start)
+
+
+def upstream_finished(
+    ctx: RequestContext, attempt: Attempt, resp: UpstreamResponse | None = None
+) -> None:
+    """The attempt is over: at the answer's last byte read when the transport knows it."""
     if attempt.end is None:
-        attempt.finished()
+        done = getattr(resp, "done_at", None)
+        attempt.finished(done if done is not None and done >= attempt.start else None)
         ctx.timeline.upstream_done = attempt.end
 
 

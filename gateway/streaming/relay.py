@@ -30,7 +30,13 @@ from gateway.encoding import Encoder, make_encoder
 from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
 from gateway.headers import DROP_RESPONSE, copy_headers, header_value, upstream_request_id
 from gateway.protocols import Api
-from gateway.streaming.bodies import decode_end, decode_step, stream_decoder, upstream_finished
+from gateway.streaming.bodies import (
+    decode_end,
+    decode_step,
+    stream_decoder,
+    upstream_answered,
+    upstream_finished,
+)
 from gateway.streaming.sse import SSEParser, event_data
 from gateway.transports.base import UpstreamResponse
 from gateway.types import RawHeaders, Receive
@@ -101,6 +107,7 @@ class SSERelay:
 
     async def run(self, receive: Receive) -> UpstreamStreamError | None:
         """Relay until done, cut or the client is gone; returns the cut, if any."""
+        upstream_answered(self.ctx, self.attempt, self.resp)
         try:
             self._check_head()
         except GatewayError:
@@ -143,7 +150,7 @@ class SSERelay:
         else:
             if self.state is not State.DONE:
                 self._on_upstream_end()
-        upstream_finished(self.ctx, self.attempt)
+        upstream_finished(self.ctx, self.attempt, self.resp)
         await self._finish()
 
     # ------------------------------------------------------------ transitions
@@ -232,7 +239,7 @@ class SSERelay:
         await self.out.body(tail)
 
     async def _close_upstream(self) -> None:
-        upstream_finished(self.ctx, self.attempt)
+        upstream_finished(self.ctx, self.attempt, self.resp)
         await self.resp.aclose()
 
 

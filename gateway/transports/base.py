@@ -5,6 +5,13 @@ One implementation per client library, side by side, chosen per backend by :func
 and the in-process mock for ``mock://``. Each implementation translates its library's exceptions
 into the gateway's (:mod:`gateway.errors`) inside the transport, so nothing above this layer
 ever sees an aiohttp or httpx2 exception.
+
+Socket times (SPEC §6): a response may also carry ``started_at`` (connecting began, or on a
+pooled connection = ``sent_at``), ``sent_at`` (the request's last byte handed to the socket),
+``first_byte_at`` (the answer's first byte read) and ``done_at`` (its last byte read), as
+``time.perf_counter()`` values or None. The lean HTTP/1.1 client (``h1_impl``) keeps them; the
+relays (:func:`gateway.streaming.bodies.upstream_answered`) then book exactly that window as the
+upstream's time. Transports without them are timed around the call by the upstream hop.
 """
 
 from __future__ import annotations

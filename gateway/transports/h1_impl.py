@@ -33,7 +33,6 @@ from gateway.types import RawHeaders
 #: pause reading from the upstream above this many unread body bytes, resume below LOW
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
-_CRLF_CHARS = frozenset("\r\n")
 
 
 class _Exchange:
@@ -79,7 +78,7 @@ class _Connection(asyncio.Protocol):
     """A pooled upstream connection; httptools calls the ``on_*`` methods from feed_data."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.exchange: _Exchange | None = None
         self.closed = False
@@ -125,7 +124,7 @@ class _Connection(asyncio.Protocol):
             writable.set_result(None)
 
     def pause_writing(self) -> None:
-        self._writable = self._loop.create_future()
+        self._writable = self.loop.create_future()
 
     def resume_writing(self) -> None:
         writable, self._writable = self._writable, None
@@ -258,8 +257,8 @@ class H1Response:
         self._released = False
         self.status = ex.status
         self.headers = ex.headers
-        #: socket times (perf_counter): connecting (a new connection) or writing began; the
-        #: request's last byte handed to the socket
+        #: socket times (perf_counter): the attempt's start at the socket (connecting began on
+        #: a new connection, else = sent_at); the request's last byte handed to the socket
         self.started_at = started_at
         self.sent_at = sent_at
 
@@ -274,7 +273,7 @@ class H1Response:
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         ex = self._ex
         conn = self._conn
-        loop = asyncio.get_running_loop()
+        loop = conn.loop
         while True:
             while ex.chunks:
                 chunk = ex.chunks.popleft()
@@ -349,14 +348,13 @@ class H1Transport:
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body
     ) -> H1Response:
         head = self._head(method, url[self._origin_len :] or "/", headers, body)
-        conn, started_at = await self._acquire()
-        loop = asyncio.get_running_loop()
+        conn, connect_at = await self._acquire()
+        # the connection's loop, not asyncio.get_running_loop(): that costs a getpid() syscall
+        loop = conn.loop
         ex = conn.exchange = _Exchange(loop)
         transport = conn.transport
         assert transport is not None
         try:
-            if started_at is None:
-                started_at = time.perf_counter()
             if body is None or isinstance(body, bytes):
                 transport.write(head + body if body else head)
             else:
@@ -380,25 +378,26 @@ class H1Transport:
             conn.close()
             self.release(conn)
             raise
+        started_at = sent_at if connect_at is None else connect_at
         return H1Response(self, conn, ex, started_at, sent_at, self._read_timeout)
 
     def _head(self, method: str, target: str, headers: list[tuple[str, str]], body: Body) -> bytes:
-        if not _CRLF_CHARS.isdisjoint(target):
-            raise _crlf()
-        lines = [f"{method} {target} HTTP/1.1\r\nhost: {self._host_header}"]
-        for name, value in headers:
-            # defence in depth: the server side never hands us CR/LF in a header
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise _crlf()
-            lines.append(f"\r\n{name}: {value}")
+        lines = [f"{method} {target} HTTP/1.1\r\nhost: {self._host_header}\r\n"]
+        lines += [f"{name}: {value}\r\n" for name, value in headers]
         if isinstance(body, bytes):
-            lines.append(f"\r\ncontent-length: {len(body)}")
+            lines.append(f"content-length: {len(body)}\r\n")
         elif body is not None:
-            lines.append("\r\ntransfer-encoding: chunked")
+            lines.append("transfer-encoding: chunked\r\n")
         elif method in ("POST", "PUT", "PATCH"):
-            lines.append("\r\ncontent-length: 0")
-        lines.append("\r\n\r\n")
-        return "".join(lines).encode("latin-1")
+            lines.append("content-length: 0\r\n")
+        lines.append("\r\n")
+        head = "".join(lines)
+        # every line holds exactly one CRLF of ours (the first two): one more CR or LF anywhere
+        # is an injection (defence in depth: the server never hands us CR/LF in a header)
+        n = len(lines) + 1
+        if head.count("\n") != n or head.count("\r") != n:
+            raise _crlf()
+        return head.encode("latin-1")
 
     async def _stream_body(self, conn: _Connection, body: AsyncIterable[bytes]) -> None:
         transport = conn.transport
