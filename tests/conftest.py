@@ -62,3 +62,29 @@ def upstream() -> Iterator[Callable[[Handler], ScriptedUpstream]]:
 
 def pytest_report_header(config: Any) -> str:
     return "llm-gateway tests; backend key env TEST_BACKEND_KEY set"
+
+
+@pytest.fixture(autouse=True)
+def _close_sync_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every sync ``openai.OpenAI`` / ``anthropic.Anthropic`` a test made, at its end.
+
+    Tests make SDK clients inline, as applications do; left to the garbage collector, a pooled
+    keep-alive socket of one can be finalised during a later test and fail it with a
+    ResourceWarning (``filterwarnings = error``). Closing them here keeps each test's sockets
+    its own.
+    """
+    import anthropic
+    import openai
+
+    made: list[Any] = []
+    for cls in (openai.OpenAI, anthropic.Anthropic):
+        original = cls.__init__
+
+        def init(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+            __original(self, *args, **kwargs)
+            made.append(self)
+
+        monkeypatch.setattr(cls, "__init__", init)
+    yield
+    for client in made:
+        client.close()
