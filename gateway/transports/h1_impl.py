@@ -83,6 +83,8 @@ class _Connection(asyncio.Protocol):
         self.exchange: _Exchange | None = None
         self.closed = False
         self.reading_paused = False
+        #: when the bytes being parsed were read (data_received): the exchange's socket times
+        self.read_at = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._writable: asyncio.Future[None] | None = None
 
@@ -100,8 +102,10 @@ class _Connection(asyncio.Protocol):
         if ex is None:  # bytes nobody asked for: the connection cannot be trusted
             self.close()
             return
+        # the read's time, not the parser callbacks': parsing is the gateway's work
+        self.read_at = now = time.perf_counter()
         if ex.first_byte_at is None:
-            ex.first_byte_at = time.perf_counter()
+            ex.first_byte_at = now
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -172,7 +176,7 @@ class _Connection(asyncio.Protocol):
         if ex.status == 0:
             return  # the end of an informational response
         ex.complete = True
-        ex.done_at = time.perf_counter()
+        ex.done_at = self.read_at
         ex.wake()
 
     # ------------------------------------------------------------ helpers
