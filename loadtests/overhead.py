@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +85,11 @@ class Variant:
     description: str
     toml: str
     lua: str = "chat.lua"
+    #: "wrk" (req/s + latency against nginx), "streams" (the paced SSE upstream, TTFT and
+    #: inter-event gaps) or "rss" (memory after 10k and 100k requests)
+    kind: str = "wrk"
+    #: gateway worker processes; > 1 runs the gateway on every usable core (not pinned to one)
+    workers: int = 1
 
     @property
     def needs(self) -> set[str]:
@@ -92,6 +98,23 @@ class Variant:
 
 _NO_TRACING = '[tracing]\nexporter = "none"\n'
 _NO_CACHE = '[cache]\nbackend = "off"\n'
+_EVERYTHING = (
+    '[cache]\nbackend = "memory"\nmode = "all"\n'
+    + '[tracing]\nexporter = "otlp"\nendpoint = "{otlp_endpoint}"\n'
+    + 'protocol = "http/protobuf"\nsample_ratio = 1.0\n'
+    + '[logging]\naccess_log = "sampled"\nslow_ms = 500\nsample_ratio = 0.01\n'
+    + "[ui]\nenabled = true\n"
+)
+#: the streams rows: events per stream and the upstream's pace, concurrent streams, and the
+#: sequential streams TTFT is measured over
+STREAM_EVENTS = 500
+STREAM_RATE = 100.0
+STREAM_CONCURRENCY = 100
+TTFT_STREAMS = 300
+#: the rss rows: RSS is read after this many requests, then after the second figure in all
+RSS_FIRST = 10_000
+RSS_TOTAL = 100_000
+STREAMS_PY = HERE / "streams.py"
 
 VARIANTS: dict[str, Variant] = {
     "core": Variant(
@@ -142,6 +165,34 @@ VARIANTS: dict[str, Variant] = {
         "core with the live view on and nobody watching (one ring-buffer append per request)",
         _NO_CACHE + _NO_TRACING + "[ui]\nenabled = true\n",
     ),
+    "everything": Variant(
+        "tracing otlp ratio 1.0 to a live sink, metrics, sampled access log, memory cache "
+        "missing (unique prompts), live view on",
+        _EVERYTHING,
+        lua="chat_unique.lua",
+    ),
+    "workers-2": Variant(
+        "core with [server] workers = 2, the gateway on both cores (shared with the load side)",
+        _NO_CACHE + _NO_TRACING,
+        workers=2,
+    ),
+    "streams": Variant(
+        "a paced SSE upstream: TTFT at c=1 (added, and reported vs seen), then 100 concurrent "
+        f"streams of {STREAM_EVENTS} events at {STREAM_RATE:g} events/s (inter-event gap added)",
+        _NO_CACHE + _NO_TRACING + '[logging]\naccess_log = "all"\n',
+        kind="streams",
+    ),
+    "rss": Variant(
+        "core: the gateway's RSS after 10k and after 100k requests (c=32)",
+        _NO_CACHE + _NO_TRACING,
+        kind="rss",
+    ),
+    "rss-everything": Variant(
+        "everything: the gateway's RSS after 10k and after 100k requests (c=32)",
+        _EVERYTHING,
+        lua="chat_unique.lua",
+        kind="rss",
+    ),
 }
 DEFAULT_VARIANTS = ("core",)
 BASELINE = "core"
@@ -169,6 +220,70 @@ def base_toml(upstream_port: int) -> str:
 
         """
     )
+
+
+# ---------------------------------------------------------------- wrk scripts
+
+#: appended to the c=1 latency script: every response's ``Server-Timing: gateway;dur=`` (the
+#: gateway's own overhead figure) is kept, and the p50 of those printed at the end, so the
+#: truth column compares the gateway's word with wrk's clock over the very same requests
+TRUTH_LUA = """
+-- overhead.py truth column: Server-Timing gateway;dur of every timed response
+local truth_threads = {}
+local truth_base_setup = setup
+function setup(thread)
+  if truth_base_setup then truth_base_setup(thread) end
+  table.insert(truth_threads, thread)
+end
+truth = {}
+local truth_base_response = response
+function response(status, headers, body)
+  if truth_base_response then truth_base_response(status, headers, body) end
+  local st = headers["server-timing"] or headers["Server-Timing"]
+  if st then
+    local g = string.match(st, "gateway;dur=([0-9.]+)")
+    if g then truth[#truth + 1] = tonumber(g) end
+  end
+end
+function done(summary, latency, requests)
+  local all = {}
+  for _, t in ipairs(truth_threads) do
+    for _, v in ipairs(t:get("truth")) do all[#all + 1] = v end
+  end
+  table.sort(all)
+  if #all > 0 then
+    io.write(string.format("TRUTH n=%d p50=%.4f\\n", #all, all[math.floor(#all / 2) + 1]))
+  else
+    io.write("TRUTH n=0\\n")
+  end
+end
+"""
+
+#: appended for the rss rows: the thread stops after the request count in the 2nd argument
+COUNT_LUA = """
+-- overhead.py rss rows: stop after args[2] responses
+local count_limit = 0
+local count_base_init = init
+function init(args)
+  if count_base_init then count_base_init(args) end
+  count_limit = tonumber(args[2]) or 0
+end
+local count_n = 0
+local count_base_response = response
+function response(status, headers, body)
+  if count_base_response then count_base_response(status, headers, body) end
+  count_n = count_n + 1
+  if count_limit > 0 and count_n >= count_limit then wrk.thread:stop() end
+end
+"""
+
+
+def parse_truth(out: str) -> tuple[int, float | None]:
+    """``TRUTH n=1234 p50=0.1234`` (TRUTH_LUA's line) -> (1234, 0.1234)."""
+    m = re.search(r"^TRUTH n=(\d+)(?: p50=([0-9.]+))?", out, re.M)
+    if not m:
+        return 0, None
+    return int(m.group(1)), float(m.group(2)) if m.group(2) else None
 
 
 # ---------------------------------------------------------------- wrk output
@@ -240,6 +355,12 @@ class Measurement:
     #: the gateway process's CPU during the -c32 run: % of one core, and per request
     gw_cpu_pct: float | None = None
     gw_cpu_us: float | None = None
+    #: the gateway's own overhead p50 at c=1, from ``Server-Timing: gateway;dur=`` of the very
+    #: requests wrk timed (the truth column), and how many responses carried it
+    reported_p50_ms: float | None = None
+    reported_n: int = 0
+    #: the streams and rss rows' figures, as the table's last column shows them
+    extra: str = ""
     #: anything else worth printing under the table (e.g. what the OTLP sink received)
     notes: list[str] = field(default_factory=list)
     #: every round (with --repeat), for error counts and the spread
@@ -291,7 +412,8 @@ def cpu_wall_s(before: CpuTimes, after: CpuTimes) -> float:
 
 
 def proc_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of one process (``/proc/PID/stat`` utime + stime)."""
+    """User + system CPU seconds of a process and its children (``/proc/PID/stat`` utime +
+    stime; with ``workers > 1`` the workers are the supervisor's children)."""
     if pid is None:
         return None
     try:
@@ -299,7 +421,28 @@ def proc_cpu_s(pid: int | None) -> float | None:
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    total = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    for child in child_pids(pid):
+        total += proc_cpu_s(child) or 0.0
+    return total
+
+
+def child_pids(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of one process (``VmRSS``), MB."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) / 1024 if m else None
 
 
 # ---------------------------------------------------------------- processes
@@ -323,7 +466,10 @@ class Pinning:
     def __init__(self, gw: int | None, load: int | None) -> None:
         self.gw, self.load = gw, load
 
-    def gateway(self, argv: list[str]) -> list[str]:
+    def gateway(self, argv: list[str], workers: int = 1) -> list[str]:
+        if workers > 1 and self.gw is not None:  # every usable core (shared with the load side)
+            cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+            return ["taskset", "-c", cores, *argv]
         return self._wrap(self.gw, argv)
 
     def loader(self, argv: list[str]) -> list[str]:
@@ -437,6 +583,7 @@ class Bench:
         self.procs = Procs()
         self.nginx_port = 0
         self._helpers: dict[str, str] = {}  # template key -> value, filled lazily
+        self._direct_streams: tuple[Any, Any] | None = None
 
     # -- helpers ----------------------------------------------------------
 
@@ -546,14 +693,34 @@ class Bench:
 
     # -- wrk --------------------------------------------------------------
 
-    def wrk(self, port: int, lua: str, connections: int, duration: float, latency: bool) -> str:
+    def script(self, lua: str, snippet: str = "") -> Path:
+        """The wrk script ``lua`` from ``loadtests/wrk/``, with ``snippet`` appended (a copy in
+        the temp dir; the snippet wraps the script's own callbacks rather than replacing them)."""
+        if not snippet:
+            return WRK_DIR / lua
+        path = self.tmp / f"{Path(lua).stem}-{abs(hash(snippet)) % 10**8}.lua"
+        if not path.exists():
+            path.write_text((WRK_DIR / lua).read_text() + "\n" + snippet)
+        return path
+
+    def wrk(
+        self,
+        port: int,
+        lua: str,
+        connections: int,
+        duration: float,
+        latency: bool,
+        snippet: str = "",
+        args: Sequence[str] = (),
+    ) -> str:
         argv = [
             "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
-            "-s", str(WRK_DIR / lua),
+            "-s", str(self.script(lua, snippet)),
         ]  # fmt: skip
         if latency:
             argv.append("--latency")
-        argv += [f"http://127.0.0.1:{port}", "--", uuid.uuid4().hex]  # run id for chat_unique
+        # run id for chat_unique, then the snippet's arguments
+        argv += [f"http://127.0.0.1:{port}", "--", uuid.uuid4().hex, *args]
         res = subprocess.run(
             self.pin.loader(argv),
             capture_output=True,
@@ -591,10 +758,12 @@ class Bench:
                     wall = cpu_wall_s(t0, t1)
                     m.gw_cpu_pct = 100.0 * (g1 - g0) / wall if wall else None
                     m.gw_cpu_us = 1e6 * (g1 - g0) / thr.requests
-            lat = parse_wrk(self.wrk(port, lua, LATENCY_CONNECTIONS, self.args.duration, True))
+            out = self.wrk(port, lua, LATENCY_CONNECTIONS, self.args.duration, True, TRUTH_LUA)
+            lat = parse_wrk(out)
             m.all_lat.append(lat)
             if m.lat.p50_ms is None or (lat.p50_ms is not None and lat.p50_ms < m.lat.p50_ms):
                 m.lat = lat
+                m.reported_n, m.reported_p50_ms = parse_truth(out)
         if self.args.repeat > 1:
             rps = sorted(r.rps for r in m.all_thr)
             p50 = sorted(r.p50_ms for r in m.all_lat if r.p50_ms is not None)
@@ -606,7 +775,9 @@ class Bench:
 
     # -- gateway ----------------------------------------------------------
 
-    def run_variant(self, name: str) -> Measurement:
+    def run_variant(self, name: str, src: Path | None = None) -> Measurement:
+        """Start the gateway for variant ``name`` (from the source tree ``src``, default this
+        one), measure it as its kind says, stop it (and its helpers) by PID."""
         v = VARIANTS[name]
         sink: tuple[subprocess.Popen[bytes], str, Path] | None = None
         if "otlp_endpoint" in v.needs:
@@ -616,28 +787,17 @@ class Bench:
             subst["otlp_endpoint"] = sink[1]
         if "redis_url" in subst:
             redis_command(subst["redis_url"], b"FLUSHALL")
-        cfg = self.tmp / f"gateway-{name}.toml"
-        base = base_toml(self.nginx_port)
-        if "[logging]" in v.toml:  # the variant sets its own access log
-            base = base.replace('[logging]\naccess_log = "off"\n', "")
-        cfg.write_text(base + v.toml.format(**subst))
-        port = free_port()
-        log = self.tmp / f"gateway-{name}.log"
-        env = {k: val for k, val in os.environ.items() if not k.startswith("GATEWAY")}
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)]
-        argv += ["--port", str(port)]
-        proc = self.procs.start(f"gateway[{name}]", self.pin.gateway(argv), log, cwd=REPO, env=env)
+        upstream = self.streams_port() if v.kind == "streams" else self.nginx_port
+        label = name if src is None else f"{name}@{src.name}"
+        proc, port, log = self.start_gateway(label, v, upstream_port=upstream, subst=subst, src=src)
         result: Measurement | None = None
         try:
-            base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: http("GET", base + "/healthz")[0] == 200, proc, "gateway", log)
-            status, body = http("POST", base + "/v1/chat/completions", PROBE_BODY, timeout=10)
-            if status != 200:
-                raise RuntimeError(
-                    f"gateway answered a probe chat completion with {status}: "
-                    f"{body[:300].decode(errors='replace')}\n{tail(log)}"
-                )
-            result = self.measure(port, v.lua, gw_pid=proc.pid)
+            if v.kind == "streams":
+                result = self.measure_streams(port, log)
+            elif v.kind == "rss":
+                result = self.measure_rss(port, v.lua, proc.pid)
+            else:
+                result = self.measure(port, v.lua, gw_pid=proc.pid)
             if "redis_url" in subst:  # evidence the cache is in the path: 1 key for hits, many else
                 reply = redis_command(subst["redis_url"], b"DBSIZE").strip().lstrip(b":")
                 result.notes.append(
@@ -650,7 +810,7 @@ class Bench:
             rc = self.procs.stop(proc)
             stop_s = time.monotonic() - t0
             if rc not in (0, -signal.SIGTERM):
-                print(f"note: gateway[{name}] exited with status {rc}", file=sys.stderr)
+                print(f"note: gateway[{label}] exited with status {rc}", file=sys.stderr)
             if sink:
                 note = self._stop_sink(sink[0], sink[2])
                 if result:
@@ -659,6 +819,153 @@ class Bench:
         if stop_s > 5:
             result.notes.append(f"the gateway took {stop_s:.1f}s to stop after SIGTERM")
         return result
+
+    def start_gateway(
+        self,
+        label: str,
+        v: Variant,
+        upstream_port: int,
+        subst: dict[str, str],
+        src: Path | None = None,
+    ) -> tuple[subprocess.Popen[bytes], int, Path]:
+        """Write the variant's config, start ``gateway serve`` pinned, wait for a 200."""
+        cfg = self.tmp / f"gateway-{label}.toml"
+        base = base_toml(upstream_port)
+        if v.workers > 1:
+            base = base.replace("[server]\n", f"[server]\nworkers = {v.workers}\n", 1)
+        if "[logging]" in v.toml:  # the variant sets its own access log
+            base = base.replace('[logging]\naccess_log = "off"\n', "")
+        cfg.write_text(base + v.toml.format(**subst))
+        port = free_port()
+        log = self.tmp / f"gateway-{label}.log"
+        env = {k: val for k, val in os.environ.items() if not k.startswith("GATEWAY")}
+        cwd = REPO
+        if src is not None:  # another source tree (e.g. a worktree of an earlier commit)
+            cwd = src
+            env["PYTHONPATH"] = str(src)
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)]
+        argv += ["--port", str(port)]
+        proc = self.procs.start(
+            f"gateway[{label}]", self.pin.gateway(argv, v.workers), log, cwd=cwd, env=env
+        )
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http("GET", base_url + "/healthz")[0] == 200, proc, "gateway", log)
+        if v.kind != "streams":
+            status, body = http("POST", base_url + "/v1/chat/completions", PROBE_BODY, timeout=10)
+            if status != 200:
+                raise RuntimeError(
+                    f"gateway answered a probe chat completion with {status}: "
+                    f"{body[:300].decode(errors='replace')}\n{tail(log)}"
+                )
+        return proc, port, log
+
+    # -- rss --------------------------------------------------------------
+
+    def measure_rss(self, port: int, lua: str, pid: int) -> Measurement:
+        """RSS after RSS_FIRST requests, then after RSS_TOTAL in all (c=32, counted by wrk)."""
+        m = Measurement()
+        before = rss_mb(pid)
+        figures: list[float | None] = []
+        done = 0
+        for target in (RSS_FIRST, RSS_TOTAL):
+            out = self.wrk(
+                port, lua, self.args.connections, 600, False, COUNT_LUA, [str(target - done)]
+            )
+            r = parse_wrk(out)
+            m.all_thr.append(r)
+            done += r.requests
+            time.sleep(0.5)  # let the last responses' telemetry settle
+            figures.append(rss_mb(pid))
+        first, last = figures
+        if first is not None and last is not None:
+            growth = 100.0 * (last - first) / first
+            m.extra = (
+                f"RSS {first:.1f} MB after {RSS_FIRST // 1000}k, {last:.1f} MB after "
+                f"{done / 1000:.0f}k ({growth:+.1f} %)"
+            )
+        if before is not None:
+            m.notes.append(f"RSS at start {before:.1f} MB")
+        return m
+
+    # -- streams ----------------------------------------------------------
+
+    def streams_port(self) -> int:
+        """The paced SSE upstream (loadtests/streams.py), started once, on the load core."""
+        if "streams_port" not in self._helpers:
+            port = free_port()
+            log = self.tmp / "streams-upstream.log"
+            argv = [sys.executable, str(STREAMS_PY), "upstream", "--port", str(port)]
+            argv += ["--rate", str(STREAM_RATE)]
+            proc = self.procs.start("streams-upstream", self.pin.loader(argv), log, cwd=REPO)
+            wait_until(lambda: port_open(port), proc, "streams.py upstream", log)
+            self._helpers["streams_port"] = str(port)
+        return int(self._helpers["streams_port"])
+
+    def stream_client(self, port: int, streams: int, concurrency: int, events: int) -> Any:
+        argv = [sys.executable, str(STREAMS_PY), "client", "--url", f"http://127.0.0.1:{port}"]
+        argv += ["--streams", str(streams), "--concurrency", str(concurrency)]
+        argv += ["--events", str(events)]
+        res = subprocess.run(
+            self.pin.loader(argv), capture_output=True, text=True, timeout=600, check=False
+        )
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"streams.py client failed: {res.stderr.strip()[-500:]}")
+        result = json.loads(lines[-1])
+        if result["errors"]:
+            raise RuntimeError(f"streams.py client saw errors: {result}")
+        return result
+
+    def direct_streams(self) -> tuple[Any, Any]:
+        if self._direct_streams is None:
+            port = self.streams_port()
+            self._direct_streams = (
+                self.stream_client(port, TTFT_STREAMS, 1, 1),
+                self.stream_client(port, STREAM_CONCURRENCY, STREAM_CONCURRENCY, STREAM_EVENTS),
+            )
+        return self._direct_streams
+
+    def measure_streams(self, port: int, log: Path) -> Measurement:
+        """TTFT at c=1 (added; and the gateway's reported TTFT from its access log beside the
+        client's), then STREAM_CONCURRENCY streams at once: inter-event gaps added."""
+        m = Measurement()
+        d_ttft, d_gaps = self.direct_streams()
+        g_ttft = self.stream_client(port, TTFT_STREAMS, 1, 1)
+        reported = reported_ttft_ms(log)
+        g_gaps = self.stream_client(port, STREAM_CONCURRENCY, STREAM_CONCURRENCY, STREAM_EVENTS)
+        seen = g_ttft["ttft_ms"]["p50"]
+        added = seen - d_ttft["ttft_ms"]["p50"]
+        gap50 = g_gaps["gap_ms"]["p50"] - d_gaps["gap_ms"]["p50"]
+        gap99 = g_gaps["gap_ms"]["p99"] - d_gaps["gap_ms"]["p99"]
+        rep = f"{reported:.3f}" if reported is not None else "—"
+        m.extra = (
+            f"TTFT added {added:+.3f} ms p50 (seen {seen:.3f}, reported {rep}); "
+            f"{STREAM_CONCURRENCY} x {STREAM_EVENTS} events @{STREAM_RATE:g}/s: gap added "
+            f"{gap50:+.3f}/{gap99:+.3f} ms p50/p99"
+        )
+        m.notes.append(
+            f"direct TTFT p50 {d_ttft['ttft_ms']['p50']:.3f} ms; gaps direct "
+            f"{d_gaps['gap_ms']['p50']:.3f}/{d_gaps['gap_ms']['p99']:.3f} ms, through the "
+            f"gateway {g_gaps['gap_ms']['p50']:.3f}/{g_gaps['gap_ms']['p99']:.3f} ms p50/p99 "
+            f"({g_gaps['gap_count']:,} gaps); the {STREAM_CONCURRENCY} streams took "
+            f"{g_gaps['seconds']:.1f} s (direct {d_gaps['seconds']:.1f} s)"
+        )
+        return m
+
+
+def reported_ttft_ms(log: Path) -> float | None:
+    """p50 of ``ttft_ms`` over the access log lines the gateway has written so far."""
+    values = []
+    for line in log.read_text("utf-8", errors="replace").splitlines():
+        if line.startswith("{") and '"ttft_ms"' in line:
+            with contextlib.suppress(ValueError):
+                v = json.loads(line).get("ttft_ms")
+                if isinstance(v, int | float):
+                    values.append(float(v))
+    if not values:
+        return None
+    values.sort()
+    return values[len(values) // 2]
 
 
 def redis_command(url: str, command: bytes) -> bytes:
@@ -699,47 +1006,57 @@ def fmt(x: float | None, nd: int = 3) -> str:
 
 
 def render(rows: Sequence[Row], connections: int) -> str:
+    """One table: throughput, latency, the truth column, CPU, and the streams/rss figures."""
     direct = next((r for r in rows if r.target == "direct" and r.lat), None)
     core = next((r for r in rows if r.target == BASELINE and r.thr), None)
     head = [
         "target",
         f"req/s @c{connections}",
+        "direct ÷ target",
         "p50 @c1 (ms)",
-        "p90 @c1 (ms)",
         "p99 @c1 (ms)",
         "added p50 (ms)",
+        "reported p50 (ms)",
         f"vs {BASELINE} (%)",
         f"gw CPU @c{connections} (%)",
         "gw CPU/req (µs)",
+        "streams / memory",
         "errors",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
-        if r.thr is None or r.lat is None:
-            cells = [r.target, *["—"] * (len(head) - 2), r.note or "skipped"]
-        else:
-            added = None
-            if direct and direct.lat and r.target != "direct" and r.lat.p50_ms is not None:
-                added = r.lat.p50_ms - (direct.lat.p50_ms or 0.0)
-            rel = None
-            if core and core.thr and r.target != "direct":
-                rel = 100.0 * r.thr.rps / core.thr.rps
-            assert r.m is not None
-            errs = describe_errors(*r.m.all_thr, *r.m.all_lat)
-            cells = [
-                r.target,
-                f"{r.thr.rps:,.0f}",
-                fmt(r.lat.p50_ms),
-                fmt(r.lat.p90_ms),
-                fmt(r.lat.p99_ms),
-                fmt(added),
-                fmt(rel, 1),
-                fmt(r.m.gw_cpu_pct, 0),
-                fmt(r.m.gw_cpu_us, 0),
-                errs,
-            ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cells(r, direct, core, len(head))) + " |")
     return "\n".join(lines)
+
+
+def _cells(r: Row, direct: Row | None, core: Row | None, width: int) -> list[str]:
+    if r.m is None:
+        return [r.target, *["—"] * (width - 2), r.note or "skipped"]
+    m = r.m
+    errs = describe_errors(*m.all_thr, *m.all_lat)
+    if not m.thr.rps:  # streams and rss rows: their figures are in the last column but one
+        return [r.target, *["—"] * (width - 4), m.extra or "—", errs]
+    added = ratio = rel = None
+    if direct and direct.m and r.target != "direct":
+        if m.lat.p50_ms is not None:
+            added = m.lat.p50_ms - (direct.m.lat.p50_ms or 0.0)
+        ratio = direct.m.thr.rps / m.thr.rps
+    if core and core.thr and r.target != "direct":
+        rel = 100.0 * m.thr.rps / core.thr.rps
+    return [
+        r.target,
+        f"{m.thr.rps:,.0f}",
+        fmt(ratio, 1),
+        fmt(m.lat.p50_ms),
+        fmt(m.lat.p99_ms),
+        fmt(added),
+        fmt(m.reported_p50_ms),
+        fmt(rel, 1),
+        fmt(m.gw_cpu_pct, 0),
+        fmt(m.gw_cpu_us, 0),
+        m.extra or "—",
+        errs,
+    ]
 
 
 def describe_errors(*results: WrkResult) -> str:
@@ -863,6 +1180,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="rounds of c=32 + c=1 per target; the best is shown, the spread noted [1]",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="also measure core with this many worker processes (on every usable core) [1]",
+    )
+    p.add_argument(
+        "--before",
+        type=Path,
+        metavar="SRC",
+        help="also measure core from another source tree (e.g. a git worktree of an earlier "
+        "commit), as the row core@<dir name>, right before this tree's core",
+    )
     p.add_argument("--list", action="store_true", help="list the variants and exit")
     args = p.parse_args(argv)
     if args.duration < 1:
@@ -943,10 +1273,15 @@ def list_variants() -> None:
         print(f"{name:<{width}}  {v.description}{extra}")
 
 
-def measure_variants(bench: Bench, selected: list[str], rows: list[Row]) -> bool:
-    """Run each selected variant into ``rows``; True when one of them failed."""
+def measure_variants(
+    bench: Bench, selected: list[str], rows: list[Row], before: Path | None = None
+) -> bool:
+    """Run each selected variant into ``rows`` (with ``before``, ``core`` from that source tree
+    too, right after this tree's); True when one of them failed."""
     failed = False
     for name in selected:
+        if before is not None and name == BASELINE:
+            failed |= _measure_before(bench, before, rows)
         row = Row(name)
         rows.append(row)
         reason = bench.skip_reason(name)
@@ -964,8 +1299,49 @@ def measure_variants(bench: Bench, selected: list[str], rows: list[Row]) -> bool
     return failed
 
 
+def _measure_before(bench: Bench, src: Path, rows: list[Row]) -> bool:
+    row = Row(f"{BASELINE}@{src.name}")
+    rows.append(row)
+    print(f"{row.target}: {BASELINE} from {src} ...", file=sys.stderr)
+    try:
+        row.m = bench.run_variant(BASELINE, src=src)
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        row.note = "failed"
+        print(f"error: {row.target}: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
+def truth_lines(rows: Sequence[Row]) -> list[str]:
+    """The truth column in words: the gateway's reported overhead p50 against the added p50
+    wrk measured over the same c=1 requests."""
+    direct = next((r for r in rows if r.target == "direct" and r.m), None)
+    out = []
+    for r in rows:
+        m = r.m
+        if r.target == "direct" or m is None or m.reported_p50_ms is None or direct is None:
+            continue
+        if m.lat.p50_ms is None or direct.m is None or direct.m.lat.p50_ms is None:
+            continue
+        added = m.lat.p50_ms - direct.m.lat.p50_ms
+        out.append(
+            f"truth {r.target}: the gateway reported {m.reported_p50_ms:.3f} ms overhead p50 "
+            f"(Server-Timing gateway;dur, {m.reported_n:,} responses), wrk measured "
+            f"{added:.3f} ms added p50: {added - m.reported_p50_ms:+.3f} ms unreported"
+        )
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.workers > 1:  # core with N workers, as its own row
+        name = f"workers-{args.workers}"
+        VARIANTS[name] = Variant(
+            f"core with [server] workers = {args.workers} on every usable core",
+            VARIANTS[BASELINE].toml,
+            workers=args.workers,
+        )
+        args.variant = [*(args.variant or DEFAULT_VARIANTS), name]
     if args.list:
         list_variants()
         return 0
@@ -982,7 +1358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.start_nginx()
             print(f"direct: nginx on 127.0.0.1:{bench.nginx_port} ...", file=sys.stderr)
             rows[0].m = bench.measure(bench.nginx_port, "chat.lua")
-            failed = measure_variants(bench, selected, rows)
+            failed = measure_variants(bench, selected, rows, args.before)
         except KeyboardInterrupt:
             print("interrupted; stopping everything", file=sys.stderr)
             return 130
@@ -995,6 +1371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(machine_facts(pin, args) + "\n")
     print(render(rows, args.connections) + "\n")
     print(ratio_line(rows))
+    for line in truth_lines(rows):
+        print(line)
     warnings = noise_warnings(rows, pin, args.connections)
     for r in rows:
         if r.m and any(x.errors for x in (*r.m.all_thr, *r.m.all_lat)):
