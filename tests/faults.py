@@ -16,8 +16,8 @@ other request header), so a client knows what it asked for and can check what it
 the header gets the server's ``default`` fault (none unless set: a clean answer), so two
 backends of one route can behave differently for the same request (one slow, one failing), and a
 test can change a backend's behaviour while it runs by assigning ``default``. Server-wide 5xx
-bursts (``burst_every``/``burst_for``) answer 503 to every request for ``burst_for`` seconds
-out of every ``burst_every`` — the way a backend under a deploy or an overload behaves.
+bursts (``burst_every``/``burst_for``) answer 503 to every request for the last ``burst_for``
+seconds of every ``burst_every`` — the way a backend under a deploy or an overload behaves.
 
 In tests: ``FaultServer(FaultyUpstream().handler)``; for the soak, its own process:
 ``python -m tests.faults --port P [--burst-every S --burst-for S] [--default FAULT]``
@@ -89,7 +89,9 @@ class FaultyUpstream:
     def in_burst(self) -> bool:
         if not self.burst_every:
             return False
-        return (time.monotonic() - self._started) % self.burst_every < self.burst_for
+        # at the end of each period: a fresh server answers before its first burst
+        phase = (time.monotonic() - self._started) % self.burst_every
+        return phase >= self.burst_every - self.burst_for
 
     async def handler(self, req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
         fault = Fault.parse(req.header("x-fault") or self.default)
