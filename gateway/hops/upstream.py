@@ -9,9 +9,10 @@ that the backend is given up for this request and the next one (fallback) is tri
 
 With passive health (:mod:`gateway.hops.health`) the route's strategy orders the backends that
 are in rotation (:mod:`gateway.hops.balance`); every attempt's outcome is settled there — here
-when the attempt ends before its answer is relayed, at the request's end otherwise — and a
-retry to the backend that just failed is sent only within that backend's retry budget (when it
-is spent, or the failure ejected the backend, the request goes on to the next backend).
+when the attempt ends before its answer is relayed or answers a retryable status (before the
+retry is decided), at the request's end otherwise — and a retry to the backend that just failed
+is sent only within that backend's retry budget (when it is spent, or the failure ejected the
+backend, the request goes on to the next backend).
 """
 
 from __future__ import annotations
@@ -176,11 +177,15 @@ class Upstream:
                 self._settle(attempt, failed=False)  # it answered; config sent us astray
                 await self._refuse_redirect(resp, attempt)
             if status in RETRYABLE_STATUS:
+                # settled before the retry is decided, as a failure that raised is: when this
+                # 503 is the one that ejects the backend, it is not retried there (a retry would
+                # be a trial whose success restores the backend at once); when the answer is
+                # relayed instead, it was settled here with the outcome the request's end gives
+                self._settle(attempt, failed=status >= 500)
                 next_delay = self._retry_delay(resp, backend, plan)
                 if next_delay is not None:
                     await resp.aclose()
                     attempt.finished()
-                    self._settle(attempt, failed=status >= 500)
                     delay = next_delay
                     continue
             ctx.timeline.upstream_first_byte = attempt.first_byte
