@@ -187,6 +187,41 @@ def test_a_failed_probe_ejects_again_and_only_the_probe_reaches_the_backend(tmp_
         assert backend_up(gw.port)["a"] == 0.0
 
 
+def failing_first(n: int) -> FaultyUpstream:
+    """An upstream whose first ``n`` answers are 503, and every later one 200."""
+    behaviour = FaultyUpstream(default="status=503")
+    clean = behaviour.handler
+    count = 0
+
+    async def handler(req: Any, writer: Any) -> bool:
+        nonlocal count
+        count += 1
+        behaviour.default = "status=503" if count <= n else ""
+        return await clean(req, writer)
+
+    behaviour.handler = handler  # type: ignore[method-assign]
+    return behaviour
+
+
+def test_the_failure_that_ejects_a_backend_is_not_retried_on_it(tmp_path):
+    # a answers 503 five times, then 200. retries = 1: requests 1 and 2 each try a twice and
+    # fall back to b; request 3's first attempt is a's fifth failure, which ejects it — its
+    # retry must go to b, not to a (a retry there would be a trial whose 200 puts a straight
+    # back into rotation, and the ejection would last one request)
+    flaky, steady = failing_first(5), FaultyUpstream()
+    with (
+        upstreams(flaky, steady) as (a, b),
+        gateway_process(tmp_path, config([a, b], "retries = 1", "eject_for_s = 60")) as gw,
+    ):
+        for _ in range(3):
+            answer = chat(gw.port)
+            assert answer.status == 200 and content_of(answer) == expected_text(8)
+        assert (len(a.requests), len(b.requests)) == (5, 3)
+        state = backends_ready(gw.port)["a"]
+        assert state["state"] == "ejected" and state["ejections"] == 1, state
+        assert backend_up(gw.port)["a"] == 0.0
+
+
 @pytest.mark.parametrize("strategy", ["ordered", "weighted", "least_outstanding"])
 def test_every_strategy_skips_an_ejected_backend(tmp_path, strategy):
     route = f'strategy = "{strategy}"\nretries = 0\n'
