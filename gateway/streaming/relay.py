@@ -128,11 +128,10 @@ class SSERelay:
             )
 
     async def _pump(self) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = self.idle_timeout
+        watchdog = _IdleWatchdog(self.idle_timeout)
         decoder = self._decoder
         try:
-            async with asyncio.timeout(timeout) as idle:
+            try:
                 async for received in self.resp.aiter_raw():
                     chunk = received if decoder is None else decode_step(decoder, received)
                     events = self._parser.feed(chunk)
@@ -140,10 +139,14 @@ class SSERelay:
                         await self._on_events(events)
                         if self.state is State.DONE:
                             break
-                    idle.reschedule(loop.time() + timeout)
+                    watchdog.touch()
                 if decoder is not None and self.state is not State.DONE:
                     self._parser.feed(decode_end(decoder))
-        except TimeoutError:
+            finally:
+                watchdog.stop()
+        except asyncio.CancelledError:
+            if not watchdog.expired():
+                raise
             self._on_idle()
         except (UpstreamError, UpstreamTimeout) as exc:
             self._on_upstream_error(exc)
@@ -241,6 +244,50 @@ class SSERelay:
     async def _close_upstream(self) -> None:
         upstream_finished(self.ctx, self.attempt, self.resp)
         await self.resp.aclose()
+
+
+class _IdleWatchdog:
+    """The stream idle timeout as one timer per stream (``asyncio.timeout`` rescheduled per
+    chunk made and cancelled a timer handle for every event): each chunk only notes the time;
+    when the timer fires early it is set again for the rest, and only a real idle stretch
+    cancels the relay's task (turned into the idle cut by :meth:`expired`)."""
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_last", "_loop", "_task", "_timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._timeout = timeout
+        self._fired = False
+        self._last = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
+            self._last + timeout, self._check
+        )
+
+    def touch(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._timeout
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._fired = True
+        self._task.cancel()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def expired(self) -> bool:
+        """Whether the CancelledError being handled is this watchdog's (then it is consumed);
+        any other cancellation (the client went away, shutdown) must propagate."""
+        return self._fired and self._task.uncancel() <= self._cancelling
 
 
 def cut_to_http(cut: UpstreamStreamError) -> GatewayError:

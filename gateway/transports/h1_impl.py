@@ -239,6 +239,8 @@ class H1Response:
         "_pool",
         "_read_timeout",
         "_released",
+        "_timer",
+        "_wait_since",
         "headers",
         "sent_at",
         "started_at",
@@ -259,6 +261,8 @@ class H1Response:
         self._ex = ex
         self._read_timeout = read_timeout
         self._released = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._wait_since: float | None = None
         self.status = ex.status
         self.headers = ex.headers
         #: socket times (perf_counter): the attempt's start at the socket (connecting began on
@@ -278,35 +282,63 @@ class H1Response:
         ex = self._ex
         conn = self._conn
         loop = conn.loop
-        while True:
-            while ex.chunks:
-                chunk = ex.chunks.popleft()
-                ex.unread -= len(chunk)
-                if ex.unread < LOW_WATER:
-                    conn.resume()
-                yield chunk
-            if ex.complete:
-                return
-            if ex.error is not None:
-                raise ex.error
-            waiter = ex.waiter = loop.create_future()
-            timer = loop.call_later(self._read_timeout, _expire, waiter)
-            try:
-                await waiter
-            except TimeoutError:
-                conn.close()
-                raise UpstreamTimeout(
-                    "timed out waiting for the upstream response body",
-                    code="upstream_read_timeout",
-                ) from None
-            finally:
-                timer.cancel()
-                ex.waiter = None
+        try:
+            while True:
+                while ex.chunks:
+                    chunk = ex.chunks.popleft()
+                    ex.unread -= len(chunk)
+                    if ex.unread < LOW_WATER:
+                        conn.resume()
+                    yield chunk
+                if ex.complete:
+                    return
+                if ex.error is not None:
+                    raise ex.error
+                waiter = ex.waiter = loop.create_future()
+                self._wait_since = now = loop.time()
+                if self._timer is None:
+                    self._timer = loop.call_at(now + self._read_timeout, self._check_read)
+                try:
+                    await waiter
+                except TimeoutError:
+                    conn.close()
+                    raise UpstreamTimeout(
+                        "timed out waiting for the upstream response body",
+                        code="upstream_read_timeout",
+                    ) from None
+                finally:
+                    ex.waiter = None
+                    self._wait_since = None
+        finally:
+            self._stop_timer()
+
+    def _check_read(self) -> None:
+        """The read timeout as one timer per response (not one per wait, i.e. per chunk of a
+        stream): fired early, it is set again for the wait in progress; a wait that has lasted
+        the whole timeout fails (:func:`_expire`)."""
+        self._timer = None
+        since = self._wait_since
+        if since is None:
+            return  # not waiting now: the next wait arms it again
+        loop = self._conn.loop
+        due = since + self._read_timeout
+        if loop.time() < due:
+            self._timer = loop.call_at(due, self._check_read)
+            return
+        waiter = self._ex.waiter
+        if waiter is not None:
+            _expire(waiter)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def aclose(self) -> None:
         if self._released:
             return
         self._released = True
+        self._stop_timer()
         ex = self._ex
         if not (ex.complete and ex.keep_alive and ex.error is None and not ex.chunks):
             self._conn.close()  # unread body, or not reusable: never back to the pool
