@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.hops.edge import stream_body
 from gateway.routes import Backend
-from gateway.runtime import Runtime
+from gateway.runtime import Endpoint, Runtime
 from gateway.streaming.bodies import relay_raw
 from gateway.types import Receive, Scope, Send
 
@@ -28,7 +28,7 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
     async with rt.request(scope, send) as req:
         ctx = req.ctx
         backend = rt.router.routes[0].backends[0]
-        rt.auth.check(ctx)
+        await rt.auth.check(ctx)  # with auth on, passthrough needs a key like a model call
         # unchanged means unchanged: the body keeps its coding, the client picks the answer's
         for name, value in (
             ("content-encoding", ctx.content_encoding),
@@ -39,6 +39,16 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
         body = stream_body(ctx, receive, rt.max_body)
         resp, attempt = await rt.upstream.forward(ctx, (backend,), body)
         await relay_raw(ctx, resp, attempt, req.out)
+
+
+def bad_path(why: str) -> Endpoint:
+    """An endpoint that refuses a path that could leave the backend's base path (400)."""
+
+    async def refuse(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+        async with rt.request(scope, send, vary=True):
+            raise InvalidRequest(f"invalid request path: {why}", code="invalid_path")
+
+    return refuse
 
 
 async def not_found(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,9 +118,12 @@ class ModelCatalog:
             await passthrough(rt, scope, receive, send)
             return
         async with rt.request(scope, send, vary=True) as req:
+            await rt.auth.check(req.ctx)
+            permits = req.ctx.permits  # with auth on: only the models the key may call
             data = [
                 {"id": m, "object": "model", "created": 0, "owned_by": o}
                 for m, o in (await self._owners(rt)).items()
+                if permits is None or permits(m)
             ]
             await req.out.json(200, {"object": "list", "data": data})
 

@@ -32,9 +32,8 @@ graceful shutdown for longer than that (uvicorn waits for open responses before 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -42,14 +41,11 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 import orjson
 
 from gateway.config import Config
-from gateway.context import RequestContext
 from gateway.errors import Forbidden, GatewayError, InvalidRequest, NotFound, Unauthorized
 from gateway.routes import Backend
-from gateway.runtime import Runtime
+from gateway.runtime import Endpoint, Runtime
 from gateway.telemetry.recent import RecentRequests, percentiles, stats
 from gateway.types import RawHeaders, Receive, Scope, Send
-
-Endpoint = Callable[[Runtime, Scope, Receive, Send], Awaitable[None]]
 
 COOKIE = "gateway_ui_key"
 #: a live-feed response ends after this long; EventSource reconnects (Last-Event-ID)
@@ -171,15 +167,12 @@ class LiveView:
                 "or sign in on the page",
                 code="missing_api_key",
             )
-        # the auth hop sets ctx.tenant and ctx.admin (async or not: whichever it is)
-        check: Callable[[RequestContext], object] = rt.auth.check
+        # who the key is, without spending its request budget on the view
         try:
-            checked = check(ctx)
-            if inspect.isawaitable(checked):
-                await checked
+            entry = rt.auth.identify(ctx.credential)
         except GatewayError as exc:
             return exc
-        if not ctx.admin:
+        if not entry.admin:
             return Forbidden(
                 "this key may not open the live view: its [[auth.keys]] entry needs admin = true",
                 code="admin_required",

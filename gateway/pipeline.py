@@ -32,7 +32,7 @@ _UPSTREAM_STREAM_CODING = ("accept-encoding", "identity")
 async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
     async with rt.request(scope, send, vary=True) as req:  # edge: trust, request id, trace ids
         ctx, out = req.ctx, req.out
-        rt.auth.check(ctx)  # key -> tenant, before reading any body
+        await rt.auth.check(ctx)  # key -> tenant, request budget: before reading any body
         ctx.coding = negotiate_coding(ctx.accept_encoding)  # br | zstd | gzip | identity: 406
         body = await read_body(ctx, receive, rt.max_body)  # bounded, decoded: 413 / 415
         call = rt.router.route(ctx, body)  # parse once, route, policies

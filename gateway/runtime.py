@@ -10,25 +10,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.cache.service import ResponseCache, make_store
 from gateway.config import Config
-from gateway.hops.auth import Auth
+from gateway.hops.auth import Auth, build_auth
 from gateway.hops.edge import Edge
 from gateway.hops.health import Health
 from gateway.hops.router import Router
 from gateway.hops.upstream import Upstream
 from gateway.routes import Backend, Route
 from gateway.scope import RequestScope
-from gateway.telemetry import Telemetry
+from gateway.telemetry import Sink, Telemetry
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.metrics import METRICS_DIR_ENV, Exposition, Metrics, WorkerSnapshots
 from gateway.telemetry.recent import RecentRequests
 from gateway.telemetry.tracing import Tracing
 from gateway.transports import for_backend
-from gateway.types import Scope, Send
+from gateway.types import Receive, Scope, Send
+
+#: what the app dispatches a path to (endpoints, the model call, the live view)
+Endpoint = Callable[["Runtime", Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("gateway")
 
@@ -73,6 +76,7 @@ class Runtime:
             *(b.transport.aclose() for b in self.backends.values()), return_exceptions=True
         )
         await self.cache.aclose()
+        await self.auth.aclose()  # the last token debits, the limiter's Redis client
         # the export thread may wait on a dead collector: keep the loop free meanwhile
         await asyncio.to_thread(self.telemetry.shutdown)
 
@@ -85,11 +89,21 @@ def _upstream(tracing: Tracing, health: Health) -> Upstream:
     return Upstream(tracing.attempt_headers, tracing.new_span_id, scope, health)
 
 
+def _sinks(health: Health, auth: Auth, recent: RecentRequests | None) -> tuple[Sink, ...]:
+    """Who is told about each finished request besides spans, metrics and the access log."""
+    sinks: list[Sink] = [health.finished]
+    if auth.debits:  # tokens per minute: debit the usage the upstream reported
+        sinks.append(auth.finished)
+    if recent is not None:
+        sinks.append(recent)
+    return tuple(sinks)
+
+
 def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> Runtime:
     """Pools, router, cache (it connects lazily: a dead Redis never stops a start), telemetry."""
     env = os.environ if environ is None else environ
     logging.getLogger("gateway").setLevel(config.logging.level.upper())
-    auth = Auth()
+    auth = build_auth(config, env)
     tracing = Tracing(
         config.tracing,
         edge_hop_count=len(config.edge.hops),
@@ -115,7 +129,8 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
             lambda: {
                 # passive health is per process: 1 in rotation, 0 ejected (or probing)
                 "gateway_backend_up": {(name,): float(health.up(name)) for name in backends},
-                "gateway_ratelimit_fallback": {(): 0.0},
+                # 1 while limits count per process because their Redis is unreachable
+                "gateway_ratelimit_fallback": {(): float(auth.fallback)},
             },
         )
         shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it
@@ -134,7 +149,7 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         telemetry=Telemetry(
             tracing,
             AccessLog(config.logging),
-            sinks=(health.finished,) if recent is None else (health.finished, recent),
+            sinks=_sinks(health, auth, recent),
             metrics=metrics,
         ),
         max_body=config.server.max_body_bytes,

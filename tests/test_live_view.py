@@ -534,20 +534,8 @@ def server_logs(caplog: pytest.LogCaptureFixture, access_log: Collect) -> str:
     return "\n".join(ours + access_log.messages)
 
 
-def _auth_enforced(gw: GatewayServer) -> bool:
-    """Whether gateway/hops/auth.py enforces auth.mode = "keys" yet (another issue)."""
-    r = httpx2.post(
-        gw.base_url + "/chat/completions",
-        json={"model": "m", "messages": MSG},
-        headers=_bearer("sk-not-a-key"),
-    )
-    return r.status_code == 401
-
-
 def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, caplog, access_log):
     caplog.set_level(logging.DEBUG)
-    if not _auth_enforced(keyed):
-        pytest.xfail("auth.mode = 'keys' is not enforced by gateway/hops/auth.py yet")
     view = keyed.url + "/_gateway/"
     client = openai.OpenAI(base_url=keyed.base_url, api_key=APP_KEY, max_retries=0)
     client.chat.completions.create(model="mock-gpt-4o", messages=MSG)

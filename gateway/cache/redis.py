@@ -115,6 +115,47 @@ class _KeyFirstCommandsParser(AsyncCommandsParser):
         return await super().get_keys(*args)
 
 
+def connect(
+    url: str,
+    timeout_s: float,
+    *,
+    password: str | None = None,
+    cluster: bool = False,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> Redis | RedisCluster:
+    """A client whose every socket read and connect is bounded by ``timeout_s``, with no
+    client-side retries, speaking RESP2 (the cache and the rate limiter both use it)."""
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "decode_responses": False,
+        "health_check_interval": 0,
+        # RESP2, not redis-py 8's default RESP3: RESP3 turns on maintenance notifications
+        # ("auto"), and with them on the pool skips its check that a pooled connection has
+        # no unread data or EOF (``ConnectionPool.ensure_connection``), so each idle
+        # connection to a restarted Redis would fail one request instead of reconnecting.
+        "protocol": 2,
+    }
+    if password is not None:
+        # a password in the URL wins over this one (redis-py: URL options win)
+        common["password"] = password
+    if cluster:
+        client = RedisCluster.from_url(
+            url,
+            max_connections=max_connections,
+            # serve the slots we can reach rather than refuse the whole cluster
+            require_full_coverage=False,
+            **common,
+        )
+        client.commands_parser = _KeyFirstCommandsParser()
+        return client
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=timeout_s, **common
+    )
+    return Redis.from_pool(pool)
+
+
 class RedisStore:
     name = "redis"
 
@@ -135,37 +176,13 @@ class RedisStore:
                 raise ValueError(
                     f"cache.password_env: environment variable {cfg.password_env} is not set"
                 )
-        common = {
-            "socket_timeout": self._timeout,
-            "socket_connect_timeout": self._timeout,
-            "retry": Retry(NoBackoff(), 0),
-            "decode_responses": False,
-            "health_check_interval": 0,
-            # RESP2, not redis-py 8's default RESP3: RESP3 turns on maintenance notifications
-            # ("auto"), and with them on the pool skips its check that a pooled connection has
-            # no unread data or EOF (``ConnectionPool.ensure_connection``), so each idle
-            # connection to a restarted Redis would fail one request instead of reconnecting.
-            "protocol": 2,
-        }
-        if password is not None:
-            # a password in the URL wins over this one (redis-py: URL options win)
-            common["password"] = password
-        self._client: Redis | RedisCluster
-        if cfg.cluster:
-            cluster = RedisCluster.from_url(
-                cfg.url,
-                max_connections=max_connections,
-                # serve the slots we can reach rather than refuse the whole cluster
-                require_full_coverage=False,
-                **common,
-            )
-            cluster.commands_parser = _KeyFirstCommandsParser()
-            self._client = cluster
-        else:
-            pool = BlockingConnectionPool.from_url(
-                cfg.url, max_connections=max_connections, timeout=self._timeout, **common
-            )
-            self._client = Redis.from_pool(pool)
+        self._client = connect(
+            cfg.url,
+            self._timeout,
+            password=password,
+            cluster=cfg.cluster,
+            max_connections=max_connections,
+        )
 
     @property
     def breaker(self) -> CircuitBreaker:

@@ -8,17 +8,21 @@ means is the API's business (:mod:`gateway.protocols`).
 
 from __future__ import annotations
 
+import re
 import time
 
 import orjson
 
 from gateway.context import Call, RequestContext
-from gateway.errors import InvalidRequest, NotFound
+from gateway.errors import Forbidden, InvalidRequest, NotFound
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
 from gateway.routes import Route
 
 _MATCH_CACHE_MAX = 10_000
+#: a model name goes into spans, logs and metrics labels: no control characters (CR/LF), bounded
+MAX_MODEL_CHARS = 256
+_MODEL_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,%d}" % MAX_MODEL_CHARS)  # noqa: UP031
 
 
 class Router:
@@ -48,7 +52,14 @@ class Router:
             raise InvalidRequest("request body must be a JSON object", code="invalid_body")
         api.validate(payload)
         model: str = payload["model"]
+        if model not in self._by_model and not _MODEL_NAME.fullmatch(model):
+            raise InvalidRequest(  # (a name seen before was checked then)
+                f"'model' must be 1-{MAX_MODEL_CHARS} characters without control characters",
+                code="invalid_model",
+            )
         ctx.model = model
+        if ctx.permits is not None and not ctx.permits(model):  # the key's model globs
+            raise Forbidden(f"this API key may not call model {model!r}", code="model_not_allowed")
         route = self.match(model)
         if route is None:
             raise NotFound(f"no route for model {model!r}", code="model_not_found")
