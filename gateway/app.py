@@ -11,21 +11,20 @@ in :func:`gateway.pipeline.model_call`::
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway import endpoints
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
+from gateway.hops.edge import unsafe_path
 from gateway.live import LiveView
 from gateway.pipeline import model_call
-from gateway.runtime import Runtime, build_runtime
+from gateway.runtime import Endpoint, Runtime, build_runtime
 from gateway.telemetry.tracing import Tracing
 from gateway.types import Receive, Scope, Send
 
 log = logging.getLogger("gateway")
-
-Endpoint = Callable[[Runtime, Scope, Receive, Send], Awaitable[None]]
 
 
 async def _model_or_passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,6 +68,11 @@ class Gateway:
             endpoint = self._endpoints.get(path)
             if endpoint is None:
                 endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
+                # the upstream path must stay under the backend's base path (SPEC §5)
+                if (why := unsafe_path(scope)) is not None:
+                    endpoint = endpoints.bad_path(why)
+                else:  # forwarded as the client wrote it (its harmless escapes kept)
+                    scope["path"] = scope.get("raw_path", b"").decode("latin-1") or path
             await endpoint(rt, scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)

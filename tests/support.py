@@ -125,6 +125,8 @@ class Process:
 
     def __init__(self, args: list[str], port: int, env: dict[str, str] | None = None) -> None:
         self.port = port
+        #: what it printed (stdout and stderr), once stopped
+        self.output = ""
         self.proc = subprocess.Popen(
             args,
             env={**os.environ, **(env or {})},
@@ -150,11 +152,10 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        out = ""
-        if self.proc.stdout:
-            out = self.proc.stdout.read().decode(errors="replace")
+        if self.proc.stdout and not self.proc.stdout.closed:
+            self.output = self.proc.stdout.read().decode(errors="replace")
             self.proc.stdout.close()
-        return out
+        return self.output
 
 
 def gateway_cli(*args: str) -> list[str]:
