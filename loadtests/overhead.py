@@ -868,10 +868,7 @@ class Bench:
         figures: list[float | None] = []
         done = 0
         for target in (RSS_FIRST, RSS_TOTAL):
-            out = self.wrk(
-                port, lua, self.args.connections, 600, False, COUNT_LUA, [str(target - done)]
-            )
-            r = parse_wrk(out)
+            r = parse_wrk(self.wrk_count(port, lua, target - done))
             m.all_thr.append(r)
             done += r.requests
             time.sleep(0.5)  # let the last responses' telemetry settle
@@ -886,6 +883,33 @@ class Bench:
         if before is not None:
             m.notes.append(f"RSS at start {before:.1f} MB")
         return m
+
+    def wrk_count(self, port: int, lua: str, count: int) -> str:
+        """wrk at c=connections until ``count`` responses (COUNT_LUA stops its thread there;
+        wrk itself sleeps out its duration, so it is sent SIGINT, on which it prints its
+        summary and exits, once its CPU time stops moving)."""
+        argv = [
+            "wrk", "-t1", f"-c{self.args.connections}", "-d600s", "--timeout", "10s",
+            "-s", str(self.script(lua, COUNT_LUA)),
+            f"http://127.0.0.1:{port}", "--", uuid.uuid4().hex, str(count),
+        ]  # fmt: skip
+        out = self.tmp / "wrk-count.out"
+        with out.open("wb") as fh:
+            proc = subprocess.Popen(self.pin.loader(argv), stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            last = None
+            while proc.poll() is None:
+                time.sleep(1.0)
+                cpu = proc_cpu_s(proc.pid)
+                if cpu is not None and cpu == last:
+                    proc.send_signal(signal.SIGINT)
+                    proc.wait(30)
+                last = cpu
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        return out.read_text("utf-8", errors="replace")
 
     # -- streams ----------------------------------------------------------
 
