@@ -50,6 +50,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -276,6 +277,7 @@ class Tally:
     connections: int = 0
     #: 502s of requests whose own fault cannot explain them, on a connection the upstream closed
     races: int = 0
+    started: float = field(default_factory=time.monotonic)
 
     def note(self, ask: Ask, outcome: str, error: str | None) -> None:
         self.requests += 1
@@ -307,7 +309,7 @@ class Tally:
 
     def example(self, line: str) -> None:
         if len(self.examples) < 20:
-            self.examples.append(line)
+            self.examples.append(f"{time.monotonic() - self.started:6.1f} s  {line}")
 
 
 async def client(port: int, seed: int, until: float, think_s: float, tally: Tally) -> None:
@@ -477,16 +479,61 @@ class Sample:
     fds: int
     clients: int
     upstream: int
+    #: the machine's 1-minute load average (other work on it shows here)
+    load: float
 
     @classmethod
     def of(cls, pid: int, port: int, upstreams: list[int]) -> Sample:
-        return cls(rss_kb(pid), open_fds(pid), *tcp_sockets(pid, port, upstreams))
+        load = float(Path("/proc/loadavg").read_text().split()[0])
+        return cls(rss_kb(pid), open_fds(pid), *tcp_sockets(pid, port, upstreams), load)
 
     def row(self, label: str) -> str:
         return (
             f"  {label:<44} {self.rss_kb / 1024:>8.1f} {self.fds:>8} {self.clients:>8} "
-            f"{self.upstream:>8}"
+            f"{self.upstream:>8} {self.load:>6.2f}"
         )
+
+
+class StallProbe(threading.Thread):
+    """``GET /healthz`` every 0.2 s on a connection of its own: how long the gateway took to
+    answer it — a gateway event loop that stalls (busy, or starved of CPU by the machine)
+    shows here, and explains timeouts of 1 s that no fault asked for."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.done = threading.Event()
+        self.started_at = time.monotonic()
+        self.probes = self.failed = 0
+        self.longest = 0.0
+        #: (seconds since the start, seconds it took) of the answers slower than 0.5 s
+        self.slow: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        url = f"http://127.0.0.1:{self.port}/healthz"
+        while not self.done.wait(0.2):
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    r.read()
+            except OSError:
+                self.failed += 1
+                continue
+            took = time.monotonic() - t0
+            self.probes += 1
+            self.longest = max(self.longest, took)
+            if took > 0.5:
+                self.slow.append((t0 - self.started_at, took))
+
+    def summary(self) -> list[str]:
+        over_1s = sum(1 for _, took in self.slow if took > 1.0)
+        rows = [
+            f"gateway /healthz every 0.2 s: {self.probes} answers, longest "
+            f"{self.longest * 1000:.0f} ms, > 0.5 s: {len(self.slow)}, > 1 s: {over_1s}, "
+            f"failed: {self.failed}"
+        ]
+        rows += [f"  at {t:6.1f} s it took {took * 1000:.0f} ms" for t, took in self.slow[:10]]
+        return rows
 
 
 def get_json(port: int, path: str) -> Any:
@@ -528,6 +575,7 @@ def table(
     backends: dict[str, dict[str, Any]],
     seen: dict[str, dict[str, int]],
     exit_status: int,
+    stalls: list[str],
 ) -> str:
     rows = [
         f"soak: {args.duration:g} s, {args.clients} clients, think <= {args.think_ms} ms, "
@@ -574,9 +622,10 @@ def table(
         spread = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         rows.append(f"  {name}: {total} requests: {spread}")
     rows.append(
-        "gateway process                               RSS MiB  open fds  clients  upstream"
+        "gateway process                               RSS MiB  open fds  clients  upstream  load"
     )
     rows += [sample.row(label) for label, sample in samples]
+    rows += stalls
     row("gateway exit status after SIGTERM", exit_status, 0)
     if tally.examples:
         rows.append("examples")
@@ -635,9 +684,15 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
 
         start = [("start (idle, after a warm-up)", sample())]
         print(f"soak: {args.clients} clients for {args.duration:g} s …", file=sys.stderr)
-        tally, samples = uvloop.run(
-            drive(gw_port, args.clients, args.duration, args.think_ms / 1000, args.seed, sample)
-        )
+        probe = StallProbe(gw_port)
+        probe.start()
+        try:
+            tally, samples = uvloop.run(
+                drive(gw_port, args.clients, args.duration, args.think_ms / 1000, args.seed, sample)
+            )
+        finally:
+            probe.done.set()
+            probe.join(15)
         time.sleep(2)  # the clients are gone: let the gateway close their sockets
         samples = [*start, *samples, ("end (idle, clients gone)", sample())]
         backends = get_json(gw_port, "/readyz")["backends"]
@@ -645,7 +700,7 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
     seen = {}
     for name, log in logs.items():
         seen[name] = seen_by(log)
-    print(table(args, tally, samples, backends, seen, exit_status))
+    print(table(args, tally, samples, backends, seen, exit_status, probe.summary()))
     bad = sum(tally.unexpected.values()) + sum(tally.unexplained.values())
     return 0 if bad == 0 and exit_status == 0 else 1
 
