@@ -31,16 +31,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import httptools
 import uvicorn
 from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -63,6 +66,10 @@ class ClientLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 10_000
+    #: a request head's size (request line + headers) and header count (Envoy's defaults: 60 KiB
+    #: and 100; nginx's 4 x 8 KiB): beyond them, 431 and the connection is closed
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 100
 
     @classmethod
     def of(cls, config: Config) -> ClientLimits:
@@ -98,13 +105,18 @@ def freeze_startup_objects() -> None:
 
 def _canned(status: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
     """A whole HTTP/1.1 answer with the OpenAI error shape, sent outside any request."""
-    kind = "request_timeout" if status.startswith(b"408") else "service_unavailable"
+    kind = _CANNED_TYPES.get(status[:3], "invalid_request_error")
     body = error_body(message, kind, code)
+    retry = b"true" if kind == "service_unavailable" else b"false"
     return (
         b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\n" + extra + b"connection: close\r\n"
-        b"x-should-retry: " + (b"false" if kind == "request_timeout" else b"true") + b"\r\n\r\n"
+        b"x-should-retry: " + retry + b"\r\n\r\n"
     ) + body
+
+
+#: the OpenAI error type of each answer sent outside a request (the rest: invalid_request_error)
+_CANNED_TYPES = {b"408": "request_timeout", b"503": "service_unavailable"}
 
 
 class OneWrite:
@@ -176,6 +188,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_read_at = 0.0
         self._out: OneWrite | None = None
+        self._head_bytes = 0
+        self._head_count = 0
+        #: the whole answer to send instead of uvicorn's bare 400 when a guard refused the head
+        self._refusal: bytes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -200,12 +216,53 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # httptools calls this from data_received on the request's first byte: that read is the
         # Timeline's ``received`` (SPEC §6), before parsing, the ASGI task and any queueing
         received = time.perf_counter()
+        self._head_bytes = self._head_count = 0
         super().on_message_begin()
         self.scope[RECEIVED_AT] = received  # type: ignore[literal-required]
         if self._head_timer is None:  # a kept-alive connection's next request: from its 1st byte
             self._head_timer = self.loop.call_later(
                 self.client_limits.header_timeout_s, self._head_timed_out
             )
+
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        if self._head_bytes > self.client_limits.max_head_bytes:
+            self._refuse_head(b"414 URI Too Long", "uri_too_long", "the request target is too long")
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self.client_limits
+        self._head_bytes += len(name) + len(value)
+        self._head_count += 1
+        if self._head_count > limits.max_headers or self._head_bytes > limits.max_head_bytes:
+            self._refuse_head(
+                b"431 Request Header Fields Too Large",
+                "request_header_fields_too_large",
+                f"the request head is over {limits.max_headers} headers or "
+                f"{limits.max_head_bytes} bytes",
+            )
+        if b"\r" in value or b"\n" in value:
+            # an obs-fold (RFC 9112 §5.2) or a bare CR/LF that a lenient parser let through: never
+            # forwarded, where it would start a header line of its own upstream
+            self._refuse_head(
+                b"400 Bad Request", "invalid_header", "a header value holds a line break"
+            )
+        super().on_header(name, value)
+
+    def _refuse_head(self, status: bytes, code: str, message: str) -> None:
+        """Stop parsing this head: uvicorn answers a parser error with :meth:`send_400_response`,
+        which sends ``status`` (OpenAI error shape) instead and closes."""
+        self._refusal = _canned(status, code, message)
+        raise httptools.HttpParserError(message)
+
+    def send_400_response(self, msg: str) -> None:
+        refusal, self._refusal = self._refusal, None
+        if refusal is None:
+            super().send_400_response(msg)
+            return
+        if not self.transport.is_closing():
+            self.transport.write(refusal)
+            self.transport.close()
 
     def on_headers_complete(self) -> None:
         if self._head_timer is not None:
@@ -366,6 +423,14 @@ def serve(config: Config) -> int:
     return 0 if gateway_server.started else STARTUP_FAILURE
 
 
+def _supervisor(uv: GatewayUvicornConfig, sock: socket.socket) -> Supervisor:
+    # uvicorn before 0.5x takes the worker's entry point (``target``); later ones build it
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:
+        make: Any = Supervisor
+        return cast(Supervisor, make(uv, target=uvicorn.Server(config=uv).run, sockets=[sock]))
+    return Supervisor(uv, sockets=[sock])
+
+
 def _serve_workers(config: Config) -> int:
     from gateway.telemetry.metrics import METRICS_DIR_ENV
 
@@ -377,7 +442,7 @@ def _serve_workers(config: Config) -> int:
         )
         uv.freeze_gc = True
         sock = uv.bind_socket()
-        supervisor = Supervisor(uv, sockets=[sock])
+        supervisor = _supervisor(uv, sock)
         supervisor.run()
     failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
     return STARTUP_FAILURE if failed else 0

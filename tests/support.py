@@ -22,6 +22,7 @@ import uvicorn
 
 from gateway.app import Gateway
 from gateway.config import Config, load_config
+from gateway.server import uvicorn_config
 
 
 def free_port() -> int:
@@ -83,9 +84,17 @@ class ThreadedServer:
 
 
 class GatewayServer(ThreadedServer):
+    """The gateway on the server stack ``gateway serve`` runs (its guarded httptools protocol:
+    client timeouts and limits, the socket ``received`` stamp, one write per response)."""
+
     def __init__(self, config: Config) -> None:
         self.app = Gateway(config)
-        super().__init__(self.app)
+        self.port = free_port()
+        uv = uvicorn_config(
+            config, self.app, port=self.port, log_level="warning", timeout_graceful_shutdown=2
+        )
+        self.server = uvicorn.Server(uv)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def base_url(self) -> str:

@@ -383,3 +383,33 @@ enabled = true
     written = "\n".join([output, *served, receiver.dump(), *map(repr, receiver.spans)])
     for secret in (BACKEND_SECRET, CLIENT_KEY, PROMPT):
         assert secret not in written, f"{secret} was written out"
+
+
+# ---------------------------------------------------------------- header limits
+
+
+@pytest.mark.parametrize(
+    ("head", "want"),
+    [
+        (b"X-Big: " + b"a" * 70_000, 431),  # over 64 KiB of head
+        (b"\r\n".join(b"X-H%d: v" % i for i in range(101)), 431),  # over 100 headers
+        (b"X-Pad-" + b"p" * 40_000 + b": v\r\nX-More: " + b"m" * 30_000, 431),  # names count too
+    ],
+    ids=["one-huge-header", "too-many-headers", "big-name-and-value"],
+)
+def test_oversized_heads_get_431_and_never_reach_the_upstream(gw, up, head, want):
+    answer = send_raw(gw, b"GET /v1/files HTTP/1.1\r\nHost: gw\r\n" + head + b"\r\n\r\n")
+    assert status(answer) == want
+    assert b'"request_header_fields_too_large"' in answer and b"connection: close" in answer
+    assert up.requests == []
+    # just under the limits is fine
+    fine = b"\r\n".join(b"X-H%d: v" % i for i in range(90))
+    assert (
+        status(send_raw(gw, b"GET /v1/files HTTP/1.1\r\nHost: gw\r\n" + fine + b"\r\n\r\n")) == 200
+    )
+
+
+def test_an_overlong_request_target_gets_414(gw, up):
+    answer = send_raw(gw, b"GET /v1/files/" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: gw\r\n\r\n")
+    assert status(answer) == 414
+    assert up.requests == []
