@@ -8,10 +8,10 @@ Forwarding and timing headers count only from peers in ``edge.trusted_proxies``
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import time
 from collections.abc import AsyncIterator
+from random import getrandbits
 
 from gateway.config import EdgeConfig
 from gateway.context import RequestContext, Timeline
@@ -86,7 +86,8 @@ class Edge:
         forward, seen, hop_values = self._scan(ctx, scope["headers"])
         rid = seen.get(b"x-request-id")
         ctx.request_id = (
-            rid.decode() if rid and _REQUEST_ID.fullmatch(rid) else os.urandom(16).hex()
+            # not a secret (it is echoed and logged): the PRNG, not a getrandom syscall per request
+            rid.decode() if rid and _REQUEST_ID.fullmatch(rid) else f"{getrandbits(128):032x}"
         )
         forward.append(("x-request-id", ctx.request_id))
         self._forwarding(ctx, forward, seen)
