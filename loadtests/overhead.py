@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -116,6 +117,12 @@ RSS_FIRST = 10_000
 RSS_TOTAL = 100_000
 STREAMS_PY = HERE / "streams.py"
 
+#: the key wrk sends (loadtests/wrk/*.lua), as an [auth] entry; rpm far beyond any run's rate
+_AUTH = (
+    '[auth]\nmode = "keys"\n{extra}[[auth.keys]]\ntenant = "bench"\n'
+    f'sha256 = "{hashlib.sha256(b"sk-bench").hexdigest()}"\n{{limits}}'
+)
+
 VARIANTS: dict[str, Variant] = {
     "core": Variant(
         "proxy only: cache off, tracing off (the baseline)",
@@ -160,6 +167,20 @@ VARIANTS: dict[str, Variant] = {
         _NO_CACHE
         + _NO_TRACING
         + '[logging]\naccess_log = "sampled"\nslow_ms = 500\nsample_ratio = 0.01\n',
+    ),
+    "auth-keys": Variant(
+        "core with auth.mode = keys (sha256 lookup, tenant), no limits",
+        _NO_CACHE + _NO_TRACING + _AUTH.format(extra="", limits=""),
+    ),
+    "auth-rpm-memory": Variant(
+        "core with auth and an rpm limit counted in the process (one GCRA step per request)",
+        _NO_CACHE + _NO_TRACING + _AUTH.format(extra="", limits="rpm = 100000000\n"),
+    ),
+    "auth-rpm-redis": Variant(
+        "core with auth and an rpm limit in Redis on the load core (one Lua call per request)",
+        _NO_CACHE
+        + _NO_TRACING
+        + _AUTH.format(extra='redis_url = "{redis_url}"\n', limits="rpm = 100000000\n"),
     ),
     "ui": Variant(
         "core with the live view on and nobody watching (one ring-buffer append per request)",
