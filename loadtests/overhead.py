@@ -1238,6 +1238,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also measure core from another source tree (e.g. a git worktree of an earlier "
         "commit), as the row core@<dir name>, right before this tree's core",
     )
+    p.add_argument(
+        "--before-variant",
+        action="append",
+        metavar="NAME",
+        help="with --before: measure this variant from that tree too (repeatable) [core]",
+    )
     p.add_argument("--list", action="store_true", help="list the variants and exit")
     args = p.parse_args(argv)
     if args.duration < 1:
@@ -1319,14 +1325,18 @@ def list_variants() -> None:
 
 
 def measure_variants(
-    bench: Bench, selected: list[str], rows: list[Row], before: Path | None = None
+    bench: Bench,
+    selected: list[str],
+    rows: list[Row],
+    before: Path | None = None,
+    before_variants: Sequence[str] = (BASELINE,),
 ) -> bool:
-    """Run each selected variant into ``rows`` (with ``before``, ``core`` from that source tree
-    too, right after this tree's); True when one of them failed."""
+    """Run each selected variant into ``rows`` (with ``before``, each of ``before_variants``
+    from that source tree too, right before this tree's); True when one of them failed."""
     failed = False
     for name in selected:
-        if before is not None and name == BASELINE:
-            failed |= _measure_before(bench, before, rows)
+        if before is not None and name in before_variants:
+            failed |= _measure_before(bench, before, rows, name)
         row = Row(name)
         rows.append(row)
         reason = bench.skip_reason(name)
@@ -1344,12 +1354,12 @@ def measure_variants(
     return failed
 
 
-def _measure_before(bench: Bench, src: Path, rows: list[Row]) -> bool:
-    row = Row(f"{BASELINE}@{src.name}")
+def _measure_before(bench: Bench, src: Path, rows: list[Row], name: str = BASELINE) -> bool:
+    row = Row(f"{name}@{src.name}")
     rows.append(row)
-    print(f"{row.target}: {BASELINE} from {src} ...", file=sys.stderr)
+    print(f"{row.target}: {name} from {src} ...", file=sys.stderr)
     try:
-        row.m = bench.run_variant(BASELINE, src=src)
+        row.m = bench.run_variant(name, src=src)
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
         row.note = "failed"
         print(f"error: {row.target}: {exc}", file=sys.stderr)
@@ -1403,7 +1413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.start_nginx()
             print(f"direct: nginx on 127.0.0.1:{bench.nginx_port} ...", file=sys.stderr)
             rows[0].m = bench.measure(bench.nginx_port, "chat.lua")
-            failed = measure_variants(bench, selected, rows, args.before)
+            failed = measure_variants(
+                bench, selected, rows, args.before, args.before_variant or (BASELINE,)
+            )
         except KeyboardInterrupt:
             print("interrupted; stopping everything", file=sys.stderr)
             return 130

@@ -46,7 +46,18 @@ _PERMIT_CACHE_MAX = 1024
 class KeyEntry:
     """One ``[[auth.keys]]`` entry as the hop uses it."""
 
-    __slots__ = ("_allowed", "admin", "digest", "globs", "limit_id", "rpm", "tenant", "tpm")
+    __slots__ = (
+        "_allowed",
+        "admin",
+        "digest",
+        "globs",
+        "limit_id",
+        "rpm",
+        "rpm_text",
+        "tenant",
+        "tpm",
+        "tpm_text",
+    )
 
     def __init__(self, cfg: AuthKeyConfig) -> None:
         self.digest = bytes.fromhex(cfg.sha256)
@@ -54,6 +65,9 @@ class KeyEntry:
         self.globs = cfg.models
         self.rpm = cfg.rpm or None
         self.tpm = cfg.tpm or None
+        #: the x-ratelimit-limit-* values, formatted once
+        self.rpm_text = str(self.rpm).encode()
+        self.tpm_text = str(self.tpm).encode()
         self.admin = cfg.admin
         #: the limiter's name for this key: a prefix of its digest (never the key)
         self.limit_id = cfg.sha256[:32].lower()
@@ -104,7 +118,11 @@ class Auth:
         ctx.permits = entry.permits
         ctx.limit_key = entry
         if entry.limited:
-            verdict = await self.limits.check(entry.limit_id, entry.rpm, entry.tpm)
+            limits = self.limits
+            if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
+                verdict = limits.check_now(entry.limit_id, entry.rpm, entry.tpm)
+            else:
+                verdict = await limits.check(entry.limit_id, entry.rpm, entry.tpm)
             headers = _limit_headers(entry, verdict)
             if not verdict.allowed:
                 ctx.timeline.auth_done = time.perf_counter()
@@ -155,19 +173,17 @@ class Auth:
 def _limit_headers(entry: KeyEntry, v: Verdict) -> list[tuple[bytes, bytes]]:
     headers: list[tuple[bytes, bytes]] = []
     if entry.rpm is not None:
-        remaining = v.remaining_requests if v.remaining_requests is not None else 0
-        headers += [
-            (b"x-ratelimit-limit-requests", str(entry.rpm).encode()),
-            (b"x-ratelimit-remaining-requests", str(remaining).encode()),
+        headers += (
+            (b"x-ratelimit-limit-requests", entry.rpm_text),
+            (b"x-ratelimit-remaining-requests", b"%d" % (v.remaining_requests or 0)),
             (b"x-ratelimit-reset-requests", reset_text(v.reset_requests_s).encode()),
-        ]
+        )
     if entry.tpm is not None:
-        remaining = v.remaining_tokens if v.remaining_tokens is not None else 0
-        headers += [
-            (b"x-ratelimit-limit-tokens", str(entry.tpm).encode()),
-            (b"x-ratelimit-remaining-tokens", str(remaining).encode()),
+        headers += (
+            (b"x-ratelimit-limit-tokens", entry.tpm_text),
+            (b"x-ratelimit-remaining-tokens", b"%d" % (v.remaining_tokens or 0)),
             (b"x-ratelimit-reset-tokens", reset_text(v.reset_tokens_s).encode()),
-        ]
+        )
     return headers
 
 

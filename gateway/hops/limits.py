@@ -46,7 +46,7 @@ _BREAKER_RESET_S: Final = 5.0
 _MEMORY_MAX: Final = 100_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per request, and frozen init is slow
 class Verdict:
     """One check's outcome, with what the ``x-ratelimit-*`` headers say (OpenAI's names)."""
 

@@ -1,0 +1,209 @@
+"""What each feature costs per request, in-process: the gateway's CPU with no sockets in the way.
+
+    python loadtests/features.py [--requests 4000] [--rounds 5] [--variant NAME ...] [--list]
+
+``overhead.py`` measures the gateway the way clients see it (wrk, nginx, two cores), and on a
+shared virtual machine its req/s move by ±15 % (hypervisor steal, neighbours): a feature that
+costs 5 % drowns in that. This script drives the ASGI app directly — the same ``Gateway`` that
+``gateway serve`` runs, with the built-in ``mock://`` backend (in-process, no network) — through
+``--requests`` chat completions per round, on one thread, and reports the best of ``--rounds``
+rounds of CPU time per request (``time.process_time``). The variants take turns round by round,
+so what the machine does meanwhile touches them all alike; the startup objects are frozen out of
+the garbage collector first, as ``gateway serve`` does. Every variant runs the same requests with
+one config difference, so the
+difference to ``core`` is what that feature costs the request path. What it leaves out is the
+same for every variant: uvicorn's HTTP parsing and the socket syscalls (``overhead.py``).
+
+Prints a markdown table: variant, µs of CPU per request, and the difference to ``core``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import hashlib
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from gateway.app import Gateway
+from gateway.config import load_config
+
+BASE = """
+[[backends]]
+name = "mock"
+url = "mock://"
+provider = "mock"
+
+[[routes]]
+name = "default"
+models = ["*"]
+backends = ["mock"]
+"""
+LOG_OFF = '[logging]\naccess_log = "off"\n'  # unless the variant sets its own
+NO_CACHE = '[cache]\nbackend = "off"\n'
+NO_TRACING = '[tracing]\nexporter = "none"\n'
+KEY = b"sk-bench"
+AUTH = (
+    '[auth]\nmode = "keys"\n[[auth.keys]]\ntenant = "bench"\n'
+    f'sha256 = "{hashlib.sha256(KEY).hexdigest()}"\n'
+)
+#: a closed port: spans are built, encoded and queued; the export thread's failures are cheap
+DEAD_OTLP = '[tracing]\nexporter = "otlp"\nendpoint = "http://127.0.0.1:9"\nsample_ratio = 1.0\n'
+
+VARIANTS: dict[str, tuple[str, str]] = {
+    "core": ("cache off, tracing none, metrics on (the baseline)", NO_CACHE + NO_TRACING),
+    "core-again": ("core once more, last: the spread of the method", NO_CACHE + NO_TRACING),
+    "metrics-off": (
+        "core with [metrics] enabled = false",
+        NO_CACHE + NO_TRACING + "[metrics]\nenabled = false\n",
+    ),
+    "access-log-sampled": (
+        "core with the sampled JSON access log (1 %; the rest decided before any formatting)",
+        NO_CACHE + NO_TRACING + '[logging]\naccess_log = "sampled"\nsample_ratio = 0.01\n',
+    ),
+    "access-log-all": (
+        "core with a JSON access log line for every request (to /dev/null)",
+        NO_CACHE + NO_TRACING + '[logging]\naccess_log = "all"\n',
+    ),
+    "auth-keys": ("core with auth.mode = keys", NO_CACHE + NO_TRACING + AUTH),
+    "auth-rpm": (
+        "core with auth and an rpm + tpm limit counted in the process",
+        NO_CACHE + NO_TRACING + AUTH + "rpm = 100000000\ntpm = 100000000000\n",
+    ),
+    "ui": (
+        "core with the live view on and nobody watching",
+        NO_CACHE + NO_TRACING + "[ui]\nenabled = true\n",
+    ),
+    "tracing": (
+        "core with every request traced (spans built, encoded, queued)",
+        NO_CACHE + DEAD_OTLP,
+    ),
+    "cache-memory-hit": (
+        "memory cache, the same body every request (hits)",
+        '[cache]\nbackend = "memory"\nmode = "all"\n' + NO_TRACING,
+    ),
+}
+
+BODY = orjson.dumps(
+    {
+        "model": "gpt-4o-mini",
+        "temperature": 0,
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Say hello in one short sentence."},
+        ],
+    }
+)
+
+
+def scope() -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1:8080"),
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer " + KEY),
+            (b"content-length", str(len(BODY)).encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+        "state": {},
+    }
+
+
+async def one(app: Gateway) -> int:
+    sent = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": BODY, "more_body": False}
+        await asyncio.Event().wait()  # never: the request is answered before
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope(), receive, send)
+    return status
+
+
+async def measure(names: list[str], requests: int, rounds: int) -> dict[str, float]:
+    """Best CPU µs per request of each variant; the variants take turns round by round, so a
+    neighbour's burst or a drift of the machine touches them all alike."""
+    best = dict.fromkeys(names, float("inf"))
+    async with contextlib.AsyncExitStack() as stack:
+        apps = {}
+        for name in names:
+            toml = VARIANTS[name][1]
+            if "[logging]" not in toml:
+                toml += LOG_OFF
+            app = Gateway(load_config(text=BASE + toml, env={}))
+            await stack.enter_async_context(app.running())
+            for _ in range(200):  # warm-up: caches, the first (cold) request
+                assert await one(app) == 200
+            apps[name] = app
+        gc.collect()
+        gc.freeze()  # as `gateway serve` does once started: the heap walks stay small
+        for _ in range(rounds):
+            for name, app in apps.items():
+                cpu = time.process_time()
+                for _ in range(requests):
+                    await one(app)
+                best[name] = min(best[name], (time.process_time() - cpu) / requests * 1e6)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--requests", type=int, default=4000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--variant", action="append", choices=list(VARIANTS))
+    p.add_argument("--list", action="store_true")
+    args = p.parse_args(argv)
+    if args.list:
+        for name, (desc, _) in VARIANTS.items():
+            print(f"{name:<20} {desc}")
+        return 0
+    names = args.variant or list(VARIANTS)
+    if "core" not in names:
+        names = ["core", *names]
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        pass
+    print(f"measuring {', '.join(names)} ...", file=sys.stderr)
+    results = asyncio.run(measure(names, args.requests, args.rounds))
+    core = results["core"]
+    print(f"## Feature cost in-process ({args.requests} requests x best of {args.rounds} rounds)\n")
+    print("| variant | CPU µs / request | vs core | |")
+    print("|---|---:|---:|---|")
+    for name in names:
+        us = results[name]
+        diff = "—" if name == "core" else f"{us - core:+.1f} µs ({(us - core) / core:+.1%})"
+        print(f"| {name} | {us:.1f} | {diff} | {VARIANTS[name][0]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
