@@ -229,31 +229,6 @@ class FaultServer(ScriptedUpstream):
     #: the handler's counters, when it is a FaultyUpstream's (set by whoever made both)
     seen: dict[str, int]
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def main() -> None:
-            self._server = await asyncio.start_server(
-                self._serve, "127.0.0.1", self.port, backlog=self.backlog
-            )
-            self._started.set()
-            async with self._server:
-                await self._server.serve_forever()
-
-        self._main = self.loop.create_task(main())
-        try:
-            with contextlib.suppress(asyncio.CancelledError):
-                self.loop.run_until_complete(self._main)
-        finally:
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            for _ in range(3):
-                self.loop.run_until_complete(asyncio.sleep(0))
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
     @property
     def open_connections(self) -> int:
         return self.connections - self.closed_connections

@@ -206,6 +206,10 @@ class ScriptedUpstream:
     ``requests`` records every request and ``connections`` counts accepted TCP connections.
     """
 
+    #: the listen backlog (asyncio's default; tests that open thousands of connections at
+    #: once raise it, or the kernel drops SYNs)
+    backlog = 100
+
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.port = free_port()
@@ -231,7 +235,9 @@ class ScriptedUpstream:
         asyncio.set_event_loop(self.loop)
 
         async def main() -> None:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+            self._server = await asyncio.start_server(
+                self._serve, "127.0.0.1", self.port, backlog=self.backlog
+            )
             self._started.set()
             async with self._server:
                 await self._server.serve_forever()
