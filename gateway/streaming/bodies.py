@@ -159,16 +159,16 @@ def upstream_answered(ctx: RequestContext, attempt: Attempt, resp: UpstreamRespo
     """The answering attempt's socket times, where its transport keeps them (SPEC §6).
 
     The upstream hop stamps an attempt around the transport call; a transport that knows when
-    the request's last byte went out and the answer's first byte came in (``started_at``,
-    ``sent_at``, ``first_byte_at`` on its response, see :mod:`gateway.transports.base`) moves
+    the request's last byte went out and the answer's first byte came in (the response's socket
+    times, see :mod:`gateway.transports.base`) moves
     the attempt to those, so the client library's own work is the gateway's overhead.
     """
-    attempt.at_sockets(getattr(resp, "started_at", None), getattr(resp, "first_byte_at", None))
+    attempt.at_sockets(resp.started_at, resp.first_byte_at)
     t = ctx.timeline
     if attempt.first_byte is not None:
         t.upstream_first_byte = attempt.first_byte
     if ctx.attempts and ctx.attempts[0] is attempt:
-        sent = getattr(resp, "sent_at", None)
+        sent = resp.sent_at
         t.upstream_sent = attempt.start if sent is None else max(sent, attempt.start)
 
 
@@ -177,7 +177,7 @@ def upstream_finished(
 ) -> None:
     """The attempt is over: at the answer's last byte read when the transport knows it."""
     if attempt.end is None:
-        done = getattr(resp, "done_at", None)
+        done = resp.done_at if resp is not None else None
         attempt.finished(done if done is not None and done >= attempt.start else None)
         ctx.timeline.upstream_done = attempt.end
 

@@ -60,6 +60,8 @@ def _cause(exc: BaseException) -> str:
 
 class AiohttpResponse:
     __slots__ = ("_resp", "headers", "status")
+    #: no socket times from this client library (the hop times the attempt)
+    started_at = sent_at = first_byte_at = done_at = None
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp

@@ -6,12 +6,13 @@ and the in-process mock for ``mock://``. Each implementation translates its libr
 into the gateway's (:mod:`gateway.errors`) inside the transport, so nothing above this layer
 ever sees an aiohttp or httpx2 exception.
 
-Socket times (SPEC §6): a response may also carry ``started_at`` (connecting began, or on a
-pooled connection = ``sent_at``), ``sent_at`` (the request's last byte handed to the socket),
+Socket times (SPEC §6): every response has ``started_at`` (connecting began, or on a pooled
+connection = ``sent_at``), ``sent_at`` (the request's last byte handed to the socket),
 ``first_byte_at`` (the answer's first byte read) and ``done_at`` (its last byte read), as
-``time.perf_counter()`` values or None. The lean HTTP/1.1 client (``h1_impl``) keeps them; the
-relays (:func:`gateway.streaming.bodies.upstream_answered`) then book exactly that window as the
-upstream's time. Transports without them are timed around the call by the upstream hop.
+``time.perf_counter()`` values, or None where the client library does not tell (aiohttp, httpx2,
+the mock). The lean HTTP/1.1 client (``h1_impl``) keeps them; the relays
+(:func:`gateway.streaming.bodies.upstream_answered`) then book exactly that window as the
+upstream's time. Without them an attempt is timed around the call by the upstream hop.
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ class UpstreamResponse(Protocol):
     status: int
     #: response headers, names lower-cased, as received (hop-by-hop ones included)
     headers: RawHeaders
+
+    # the socket times (module docstring); None where the transport does not know them
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def sent_at(self) -> float | None: ...
+    @property
+    def first_byte_at(self) -> float | None: ...
+    @property
+    def done_at(self) -> float | None: ...
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         """The body as the upstream sent it (still content-encoded), chunk by chunk as it arrives.

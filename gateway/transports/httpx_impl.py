@@ -46,6 +46,8 @@ def map_upstream_errors(*, during_body: bool = False) -> Iterator[None]:
 
 class HttpxResponse:
     __slots__ = ("_resp", "headers", "status")
+    #: no socket times from this client library (the hop times the attempt)
+    started_at = sent_at = first_byte_at = done_at = None
 
     def __init__(self, resp: httpx2.Response) -> None:
         self._resp = resp

@@ -14,6 +14,8 @@ from gateway.types import RawHeaders
 
 class MockResponse:
     __slots__ = ("_body", "_events", "headers", "status")
+    #: no socket times from this client library (the hop times the attempt)
+    started_at = sent_at = first_byte_at = done_at = None
 
     def __init__(
         self,
