@@ -96,7 +96,7 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
 
 
 def _backend_states(rt: Runtime) -> dict[str, dict[str, Any]]:
-    health = rt.health.snapshot() if rt.health is not None else {}
+    health = rt.health.snapshot()
     return {
         name: {"kind": "mock" if b.config.is_mock else "pooled", **health.get(name, {})}
         for name, b in rt.backends.items()

@@ -46,13 +46,13 @@ class Runtime:
     backends: Mapping[str, Backend]
     cache: ResponseCache
     telemetry: Telemetry
+    #: passive health, retry budgets, strategies (SPEC §13); per process
+    health: Health
     max_body: int
     #: GET /metrics (None with [metrics] enabled = false)
     exposition: Exposition | None = None
     #: the live view's ring buffer (None with [ui] enabled = false)
     recent: RecentRequests | None = None
-    #: passive health, retry budgets, strategies (SPEC §13); per process
-    health: Health | None = None
 
     def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
         """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""

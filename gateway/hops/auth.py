@@ -31,8 +31,7 @@ import hmac
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from gateway.config import AuthConfig, AuthKeyConfig, Config
 from gateway.context import RequestContext
@@ -100,7 +99,7 @@ class Auth:
     @property
     def fallback(self) -> bool:
         """Whether limits are counted per process because their Redis is unreachable."""
-        return bool(getattr(self.limits, "fallback", False))
+        return self.limits.fallback
 
     @property
     def debits(self) -> bool:
@@ -165,9 +164,7 @@ class Auth:
     async def aclose(self) -> None:
         if self._pending:
             await asyncio.wait(self._pending, timeout=1.0)
-        closer: Callable[[], Any] | None = getattr(self.limits, "aclose", None)
-        if closer is not None:
-            await closer()
+        await self.limits.aclose()
 
 
 def _limit_headers(entry: KeyEntry, v: Verdict) -> list[tuple[bytes, bytes]]:

@@ -117,13 +117,21 @@ def debit_gcra(now: float, t_tat: float | None, tokens: int, tpm: int) -> float:
 class Limits(Protocol):
     """Where the limiter keeps its buckets (per process, or Redis)."""
 
+    #: True while the limits are counted per process because their shared store is unreachable
+    fallback: bool
+
     async def check(self, key: str, rpm: int | None, tpm: int | None) -> Verdict: ...
 
     async def debit(self, key: str, tokens: int, tpm: int) -> None: ...
 
+    async def aclose(self) -> None: ...
+
 
 class MemoryLimits:
     """The buckets in this process (``time.monotonic``)."""
+
+    #: the buckets are here: never a fallback
+    fallback = False
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -152,6 +160,9 @@ class MemoryLimits:
 
     async def debit(self, key: str, tokens: int, tpm: int) -> None:
         self.debit_now(key, tokens, tpm)
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
 
 
 # The check of check_gcra, atomically on Redis's clock (µs integers; Lua numbers are doubles,
