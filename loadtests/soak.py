@@ -67,6 +67,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.faults import expected_text  # noqa: E402  (what the fault upstream answers)
+from tests.gateway_process import parse_head  # noqa: E402
 
 MAX_DURATION_S = 600
 CLIENT_TIMEOUT_S = 30.0
@@ -173,13 +174,7 @@ async def read_answer(reader: asyncio.StreamReader) -> Answer:
     except asyncio.IncompleteReadError as exc:
         what = "closed before an answer" if not exc.partial else "closed in the answer's head"
         raise Unexpected(what) from None
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    status = int(status_line.split(" ", 2)[1])
-    headers = {}
-    for line in lines:
-        if line:
-            k, _, v = line.partition(":")
-            headers[k.strip().lower()] = v.strip()
+    status, headers = parse_head(head)
     try:
         body = await _read_body(reader, headers)
     except (asyncio.IncompleteReadError, ValueError):

@@ -88,16 +88,20 @@ def chat_request(port: int, stream: bool, headers: dict[str, str] | None = None)
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-async def read_answer(reader: asyncio.StreamReader) -> Answer:
-    """One HTTP/1.1 response: Content-Length, chunked, or until the connection closes."""
-    head = await reader.readuntil(b"\r\n\r\n")
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """A response head's status and headers (names lower-cased; a repeated name: the last)."""
     status_line, *lines = head.decode("latin-1").split("\r\n")
-    status = int(status_line.split(" ", 2)[1])
     headers = {}
     for line in lines:
         if line:
             k, _, v = line.partition(":")
             headers[k.strip().lower()] = v.strip()
+    return int(status_line.split(" ", 2)[1]), headers
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    """One HTTP/1.1 response: Content-Length, chunked, or until the connection closes."""
+    status, headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
     if "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
     elif headers.get("transfer-encoding") == "chunked":
