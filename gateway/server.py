@@ -168,8 +168,9 @@ class OneWrite:
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the client guards: header and body timeouts, and a
-    connection limit. Timers are plain ``call_later`` handles: one per request head, one per
-    request body (re-armed only when it fires early, never per chunk).
+    connection limit. Timers are plain ``call_at`` handles, armed only when a read leaves a
+    request head or body unfinished (re-armed only when one fires early, never per chunk): a
+    request that arrives in one read costs none.
 
     Two more things for the Timeline and the hot path (issue 15): the request's first byte read
     is stamped into the scope (:data:`gateway.context.RECEIVED_AT`), and each request's cycle
@@ -186,7 +187,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.client_limits: ClientLimits = getattr(config, "client_limits", ClientLimits())
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        #: loop time the head in progress began (the accept, for a connection's first request;
+        #: None between requests); a body's last read, while one is still expected
+        self._head_since: float | None = None
         self._body_read_at = 0.0
+        self._body_pending = False
         self._out: OneWrite | None = None
         self._head_bytes = 0
         self._head_count = 0
@@ -206,7 +211,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             )
             transport.close()
             return
+        # a client that sends nothing at all: its head is due within the timeout of the accept
+        self._head_since = self.loop.time()
         self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timed_out)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # The guards' timers are armed only when a read leaves a head or a body unfinished: a
+        # request that arrives whole in one read (nearly all of them) costs no timer at all.
+        if self._head_since is not None and self._head_timer is None:
+            due = self._head_since + self.client_limits.header_timeout_s
+            self._head_timer = self.loop.call_at(due, self._head_timed_out)
+        if self._body_pending and self._body_timer is None:
+            due = self._body_read_at + self.client_limits.body_timeout_s
+            self._body_timer = self.loop.call_at(due, self._body_stalled)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -219,10 +237,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = self._head_count = 0
         super().on_message_begin()
         self.scope[RECEIVED_AT] = received  # type: ignore[literal-required]
-        if self._head_timer is None:  # a kept-alive connection's next request: from its 1st byte
-            self._head_timer = self.loop.call_later(
-                self.client_limits.header_timeout_s, self._head_timed_out
-            )
+        if self._head_since is None:  # a kept-alive connection's next request: from its 1st byte
+            self._head_since = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         self._head_bytes += len(url)
@@ -265,15 +281,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def on_headers_complete(self) -> None:
+        self._head_since = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         super().on_headers_complete()
-        # a body may follow: watch the gaps between its reads (cancelled at message complete)
+        # a body may follow: the gaps between its reads are watched until message complete
         self._body_read_at = self.loop.time()
-        self._body_timer = self.loop.call_later(
-            self.client_limits.body_timeout_s, self._body_stalled
-        )
+        self._body_pending = True
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         # the cycle starts now (at once, or a pipelined one after the previous response): its
@@ -289,6 +304,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._body_pending = False
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -298,6 +314,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
+        if self._head_since is None:  # the head arrived meanwhile
+            return
         timeout = self.client_limits.header_timeout_s
         self._close_with_408(
             "client_header_timeout", f"the request head did not arrive within {timeout:g} s"
@@ -306,7 +324,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _body_stalled(self) -> None:
         self._body_timer = None
         cycle = self.cycle
-        if cycle is None or not cycle.more_body or self.transport.is_closing():
+        if not self._body_pending or cycle is None or self.transport.is_closing():
             return
         timeout = self.client_limits.body_timeout_s
         now = self.loop.time()
