@@ -405,7 +405,12 @@ GAP_S = 0.3
 
 
 def paced_upstream(sent_at: list[float], gap: float = GAP_S) -> Handler:
-    """An upstream that sends one chat chunk every ``gap`` seconds, recording when each left."""
+    """An upstream that sends one chat chunk every ``gap`` seconds, recording when each left.
+
+    Each time is taken just before the write: no byte of that event left earlier, so "event i
+    arrived before ``sent_at[i + 1]``" proves it arrived before event i+1 was sent — and the
+    time is on record before the client can have the event (stamping after the write raced a
+    client that finished reading first)."""
 
     async def handler(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
         writer.write(sse_head())
@@ -413,14 +418,14 @@ def paced_upstream(sent_at: list[float], gap: float = GAP_S) -> Handler:
         for i, word in enumerate(WORDS):
             if i:
                 await asyncio.sleep(gap)
+            sent_at.append(time.monotonic())
             writer.write(chunk(chat_chunk(word)))
             await writer.drain()
-            sent_at.append(time.monotonic())
         await asyncio.sleep(gap)
+        sent_at.append(time.monotonic())
         writer.write(chunk(chat_chunk(None, finish="stop")) + chunk(b"data: [DONE]\n\n"))
         writer.write(LAST_CHUNK)
         await writer.drain()
-        sent_at.append(time.monotonic())
         return True
 
     return handler
