@@ -154,28 +154,31 @@ def open_stream(port: int) -> tuple[http.client.HTTPConnection, http.client.HTTP
 
 def test_with_two_workers_sigterm_drains_the_streams_of_each_and_exits_0(tmp_path, upstream):
     sent: list[float] = []
-    up = upstream(paced_upstream(sent, gap=0.4))  # 9 events over ~3.6 s
+    up = upstream(paced_upstream(sent, gap=1.0))  # 9 events over ~9 s
     with gateway_process(
         tmp_path,
         backend_toml("up", up.url) + ROUTE,
         workers=2,
         server_extra="shutdown_grace_s = 20",
     ) as gw:
-        # streams until each worker holds at least one (which worker accepts is the kernel's
-        # choice: keep opening, within a bound)
+        # streams until each worker holds at least one. Which worker accepts is the kernel's
+        # choice, and a worker still starting (importing) accepts nothing: keep opening, paced,
+        # within a bound shorter than a stream (every stream is still in flight at SIGTERM)
         streams = [open_stream(gw.port)]
-        held = connections_per_worker(gw.proc.pid, gw.port)
-        while len(streams) < 20 and sorted(held.values())[-2:][0] == 0:
-            streams.append(open_stream(gw.port))
+        try:
             held = connections_per_worker(gw.proc.pid, gw.port)
-        workers = [pid for pid, n in held.items() if n]
-        assert len(workers) == 2, f"connections per child process: {held}"
-        assert sum(held.values()) == len(streams)
-        gw.proc.send_signal(signal.SIGTERM)
-        bodies = []
-        for conn, resp, first in streams:
-            bodies.append(first + resp.read())
-            conn.close()
+            while len(streams) < 35 and sorted(held.values())[-2:][0] == 0:
+                time.sleep(0.2)
+                streams.append(open_stream(gw.port))
+                held = connections_per_worker(gw.proc.pid, gw.port)
+            workers = [pid for pid, n in held.items() if n]
+            assert len(workers) == 2, f"connections per child process: {held}"
+            assert sum(held.values()) == len(streams)
+            gw.proc.send_signal(signal.SIGTERM)
+            bodies = [first + resp.read() for _, resp, first in streams]
+        finally:
+            for conn, _, _ in streams:
+                conn.close()
         assert gw.proc.wait(30) == 0
         for body in bodies:
             assert body.count(b"data: {") == len(WORDS) + 1  # every word and the finish
