@@ -64,6 +64,8 @@ class BackendConfig:
     read_timeout_s: float = 120.0
     stream_idle_timeout_s: float = 60.0
     max_connections: int = 200
+    #: an idle pooled upstream connection is closed after this (nginx ``keepalive_timeout``)
+    idle_timeout_s: float = 30.0
     http2: bool = False
     #: the HTTP/1.1 client: the gateway's own lean one, or aiohttp's (for comparison)
     http1_client: Literal["lean", "aiohttp"] = "lean"
@@ -71,10 +73,24 @@ class BackendConfig:
     eject_after: int = 5
     #: cool-down before one probe request decides
     eject_for_s: float = 30.0
+    #: the field ``max_tokens_cap`` sets when the client sent no limit (None: by host, below)
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = None
 
     @property
     def is_mock(self) -> bool:
         return self.url.startswith("mock:")
+
+    @property
+    def tokens_field(self) -> str:
+        """``max_tokens_field``, else ``max_completion_tokens`` for OpenAI's and Azure OpenAI's
+        hosts (their reasoning models reject ``max_tokens``), else ``max_tokens``
+        (docs/spec.md §12)."""
+        if self.max_tokens_field is not None:
+            return self.max_tokens_field
+        host = (_url(self.url) or urlsplit("")).hostname or ""
+        if host == "api.openai.com" or host.endswith((".openai.azure.com", ".openai.azure.us")):
+            return "max_completion_tokens"
+        return "max_tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +106,8 @@ class RouteConfig:
     strategy: Literal["ordered", "weighted", "least_outstanding"] = "ordered"
     #: with strategy = "weighted", one weight per backend
     weights: tuple[float, ...] | None = None
+    #: how long a Responses API id stays routed to the backend that made it (docs/spec.md §22)
+    response_affinity_ttl_s: float = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +173,8 @@ class LoggingConfig:
     slow_ms: float = 500.0
     sample_ratio: float = 0.01
     level: Literal["debug", "info", "warning", "error"] = "info"
+    #: "json": every line the process writes is one JSON object; "text": for humans
+    format: Literal["json", "text"] = "json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +211,9 @@ class MetricsConfig:
 
 @dataclass(frozen=True, slots=True)
 class UiConfig:
-    #: the built-in live view (SPEC §18); on in the embedded default
-    enabled: bool = False
+    #: the built-in live view (docs/spec.md §18). Unset: on when the gateway listens on loopback
+    #: only or auth is on, off otherwise (resolved by :func:`build_config`)
+    enabled: bool | None = None
     path: str = "/_gateway/"
     #: requests kept in its ring buffer
     recent: int = 500
@@ -213,6 +234,13 @@ class Config:
     ui: UiConfig = field(default_factory=UiConfig)
     #: where the config came from (a path, or "<embedded default>")
     source: str = field(default="<text>", compare=False)
+    #: the key paths the file or a ``GATEWAY__*`` variable set (``"tracing.protocol"``,
+    #: ``"backends[0].url"``): an explicit key wins over an ``OTEL_*`` variable (docs/spec.md §7)
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def is_set(self, path: str) -> bool:
+        """Whether ``path`` (``"tracing.endpoint"``) was written, not left at its default."""
+        return path in self.explicit
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:
@@ -278,7 +306,39 @@ def build_config(
         raise ConfigError(errors)
     assert isinstance(cfg, Config)
     routes = tuple(dataclasses.replace(r, name=r.name or r.models[0]) for r in cfg.routes)
-    return dataclasses.replace(cfg, routes=routes, source=source)
+    ui = cfg.ui
+    if ui.enabled is None:  # docs/spec.md §18: on where only this host or a key holder reaches it
+        ui = dataclasses.replace(
+            ui, enabled=is_loopback(cfg.server.host) or cfg.auth.mode == "keys"
+        )
+    explicit = frozenset(_paths(data, ""))
+    return dataclasses.replace(cfg, routes=routes, ui=ui, source=source, explicit=explicit)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address reaches only this machine (``127.0.0.1``, ``::1``,
+    ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _paths(node: Any, prefix: str) -> list[str]:
+    """Every key path present in parsed data: tables and their keys, array items by index."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = _key(prefix, key)
+            out.append(path)
+            out.extend(_paths(value, path))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if isinstance(value, dict):
+                out.extend(_paths(value, _key(prefix, i)))
+    return out
 
 
 class _EnvValue(str):
@@ -371,7 +431,7 @@ def _build_table(tp: type[Any], value: Any, path: str, errors: list[str]) -> Any
         errors.append(f"{path or '<root>'}: expected a table, got {_tname(value)}")
         return _MISSING
     hints = typing.get_type_hints(tp)
-    fields = {f.name: f for f in dataclasses.fields(tp) if f.name != "source"}
+    fields = {f.name: f for f in dataclasses.fields(tp) if f.name not in ("source", "explicit")}
     for key in value:
         if key not in fields:
             errors.append(f"{_key(path, key)}: unknown key")
@@ -567,7 +627,7 @@ def _check_backends(backends: tuple[BackendConfig, ...], err: _Errors) -> set[st
         elif parts.fragment or (parts.query and parts.scheme != "mock"):
             err(f"{p}.url", f"must not carry a query or fragment: {b.url!r}")
         err.positive(b, p, "connect_timeout_s", "read_timeout_s", "stream_idle_timeout_s")
-        err.positive(b, p, "max_connections", "eject_for_s")
+        err.positive(b, p, "max_connections", "eject_for_s", "idle_timeout_s")
         err.positive(b, p, "eject_after", allow_zero=True)
         if b.api_key_env is not None and not b.api_key_env:
             err(f"{p}.api_key_env", "must name an environment variable")
@@ -590,6 +650,7 @@ def _check_routes(routes: tuple[RouteConfig, ...], backends: set[str], err: _Err
             if name not in backends:
                 err(f"{p}.backends[{j}]", f"no backend named {name!r}")
         err.positive(r, p, "retries", allow_zero=True)
+        err.positive(r, p, "response_affinity_ttl_s")
         for name in ("max_tokens_cap", "history_window"):
             value = getattr(r, name)
             if value is not None and value < 1:
@@ -615,7 +676,8 @@ def _check_edge(edge: EdgeConfig, err: _Errors) -> None:
             err(f"edge.trusted_proxies[{i}]", f"not an IP network: {net!r}")
     names: set[str] = set()
     for i, hop in enumerate(edge.hops):
-        if not hop.name or hop.name in ("auth", "router", "upstream", "gateway", "cache"):
+        reserved = ("intake", "auth", "router", "upstream", "gateway", "cache", "backoff")
+        if not hop.name or hop.name in reserved:
             err(f"edge.hops[{i}].name", f"{hop.name!r} is empty or reserved")
         elif hop.name in names:
             err(f"edge.hops[{i}].name", f"duplicate hop {hop.name!r}")

@@ -7,6 +7,8 @@ Timeline points below, so they cannot disagree.
 Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` until reached::
 
     received            [DS_RX_BEG]  the request's first byte read from the client socket
+    intake_done                      the request handed to the application (HTTP parsing and
+                                     dispatch by the gateway's own server: the ``intake`` hop)
     body_received                    request body fully read
     auth_done                        key checked, tenant known
     routed                           body parsed, route chosen, cache looked up
@@ -61,10 +63,14 @@ class Timeline:
     done: float | None = None
     #: seconds between consecutive SSE events relayed to the client (streams only)
     event_gaps: list[float] | None = None
+    #: seconds waited between upstream attempts (retry backoff, an honoured Retry-After):
+    #: neither the upstream's time nor the gateway's own (docs/spec.md §6)
+    backoff: float = 0.0
 
     def __init__(self) -> None:
         self.wall_ns = time.time_ns()
-        self.received = time.perf_counter()
+        #: until the server's socket stamp moves ``received`` back, intake takes no time
+        self.received = self.intake_done = time.perf_counter()
 
     def received_at(self, t: float) -> None:
         """Move ``received`` back to ``t`` (the socket read), the wall clock with it."""

@@ -57,7 +57,57 @@ def test_spec_defaults_of_the_new_keys():
     assert (r.strategy, r.weights, r.name) == ("ordered", None, "*")
     assert cfg.auth == AuthConfig() and cfg.auth.mode == "off" and cfg.auth.redis_url is None
     assert cfg.metrics == MetricsConfig(enabled=True)
-    assert cfg.ui == UiConfig(enabled=False, path="/_gateway/", recent=500)
+    # the live view is on by default where only this host reaches it (docs/spec.md §18)
+    assert cfg.ui == UiConfig(enabled=True, path="/_gateway/", recent=500)
+    assert (b.idle_timeout_s, b.max_tokens_field, r.response_affinity_ttl_s) == (30.0, None, 86400)
+    assert cfg.logging.format == "json"
+
+
+@pytest.mark.parametrize(
+    ("host", "ui", "mode", "enabled"),
+    [
+        ("127.0.0.1", {}, "off", True),
+        ("::1", {}, "off", True),
+        ("localhost", {}, "off", True),
+        ("0.0.0.0", {}, "off", False),  # beyond loopback with no key: off unless asked for
+        ("0.0.0.0", {}, "keys", True),  # behind admin keys
+        ("0.0.0.0", {"enabled": True}, "off", True),  # an explicit key wins
+        ("127.0.0.1", {"enabled": False}, "off", False),
+    ],
+)
+def test_live_view_default_follows_listen_address_and_auth(host, ui, mode, enabled):
+    auth: dict[str, Any] = {"mode": mode}
+    if mode == "keys":
+        auth["keys"] = [{"tenant": "t", "sha256": "a" * 64}]
+    cfg = build_config(with_(server={"host": host}, ui=ui, auth=auth), {})
+    assert cfg.ui.enabled is enabled
+
+
+def test_explicit_keys_are_known_from_file_and_environment():
+    data = with_(tracing={"protocol": "http/protobuf"})
+    cfg = build_config(data, {"GATEWAY__CACHE__TTL_S": "5"})
+    assert cfg.is_set("tracing.protocol") and cfg.is_set("cache.ttl_s")
+    assert cfg.is_set("backends[0].url") and cfg.is_set("tracing")
+    assert not cfg.is_set("tracing.endpoint") and not cfg.is_set("tracing.exporter")
+
+
+@pytest.mark.parametrize(
+    ("url", "field", "expected"),
+    [
+        ("https://api.openai.com/v1", None, "max_completion_tokens"),
+        ("https://acme.openai.azure.com/openai/v1", None, "max_completion_tokens"),
+        ("http://vllm:8000/v1", None, "max_tokens"),
+        ("mock://", None, "max_tokens"),
+        ("https://api.openai.com/v1", "max_tokens", "max_tokens"),
+        ("http://vllm:8000/v1", "max_completion_tokens", "max_completion_tokens"),
+    ],
+)
+def test_max_tokens_field_defaults_by_host(url, field, expected):
+    backend: dict[str, Any] = {"name": "b", "url": url}
+    if field is not None:
+        backend["max_tokens_field"] = field
+    cfg = build_config(with_(backends=[backend], routes=[{"models": ["*"], "backends": ["b"]}]), {})
+    assert cfg.backends[0].tokens_field == expected
 
 
 def test_a_config_copied_from_the_spec_sections_is_accepted():
