@@ -190,7 +190,7 @@ def _hash_key(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     import json
 
-    from gateway.probe import ProbeError, probe
+    from gateway.client.probe import ProbeError, probe
 
     try:
         result = probe(args.url, timeout=args.timeout, cacert=args.cacert)
@@ -205,7 +205,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from gateway import doctor
+    from gateway.client import doctor
 
     try:
         thresholds = doctor.parse_thresholds(args.threshold)

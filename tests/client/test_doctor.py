@@ -1,18 +1,19 @@
-"""``gateway doctor`` (gateway/doctor.py, SPEC §17) against real servers on loopback."""
+"""``gateway doctor`` (gateway/client/doctor.py, docs/spec.md §17) against real servers on
+loopback."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from gateway.doctor import (
+from gateway.client.doctor import (
     DEFAULT_THRESHOLDS,
     StreamShape,
     parse_thresholds,
     server_timing,
     stream_shape,
 )
-from tests.doctor_support import (
+from tests.client.doctor_support import (
     CHAT_MODEL,
     EMBEDDING_MODEL,
     TlsMockServer,

@@ -1,4 +1,4 @@
-"""``gateway doctor``: the slow-response checklist as one command (SPEC §17, issue 14).
+"""``gateway doctor``: the slow-response checklist as one command (docs/spec.md §17, issue 14).
 
 It runs from the outside, against any OpenAI-compatible base URL (the gateway, a backend, a public
 API), the checks an engineer runs when "the model is slow", and prints one row per check: name,
@@ -7,8 +7,9 @@ measured value, threshold, verdict (``ok`` | ``warn`` | ``fail`` | ``skip``), wh
 
 How each row is measured:
 
-- ``dns``, ``connect``, ``tls``: one :func:`gateway.probe.probe` of ``GET {base}/models`` on a new
-  connection; each value is that step alone (the probe's marks are cumulative, like curl's).
+- ``dns``, ``connect``, ``tls``: one :func:`gateway.client.probe.probe` of ``GET {base}/models``
+  on a new connection; each value is that step alone (the probe's marks are cumulative, like
+  curl's).
 - ``http2`` (reuse): ``--requests`` GETs of ``/models`` on one client; the row counts the
   connections opened (a new one per request fails) and names the negotiated protocol.
 - ``ttfb``: a small non-streamed chat completion, headers sent to headers received.
@@ -23,7 +24,7 @@ How each row is measured:
 Requests that measure the upstream path carry ``Cache-Control: no-store`` and a unique prompt, so
 no cache replay is judged as the model's speed; only the cache row repeats a request.
 
-The gateway's request path never imports this module (nor :mod:`gateway.probe`).
+The gateway's request path never imports this module (nor anything in :mod:`gateway.client`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from typing import Any, Final, Literal
 import httpx2
 import orjson
 
+from gateway.client.probe import ProbeError, ProbeResult, Target, make_ssl_context, probe
 from gateway.encoding import DecodedTooLarge, DecodeError, UnsupportedEncoding, make_decoder
-from gateway.probe import ProbeError, ProbeResult, Target, make_ssl_context, probe
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -55,7 +56,7 @@ __all__ = [
 
 Verdict = Literal["ok", "warn", "fail", "skip"]
 
-# ---------------------------------------------------------------- thresholds (SPEC §17)
+# ---------------------------------------------------------------- thresholds (docs/spec.md §17)
 #
 # Above a threshold a row warns; what fails is stated per check (errors, a buffered stream, no
 # [DONE], a new connection per request). All are overridable: --threshold name=value.
@@ -100,7 +101,7 @@ DEFAULT_THRESHOLDS: Final[Mapping[str, float]] = MappingProxyType(
 #: other names people will try for the same thresholds
 _ALIASES: Final = MappingProxyType({"ttft": "streaming", "gateway": "proxy"})
 
-#: bodies under 1 KiB rightly stay identity (SPEC §9), so they say nothing about compression
+#: bodies under 1 KiB rightly stay identity (docs/spec.md §9), so they say nothing about compression
 MIN_ENCODED_BYTES: Final = 1024
 #: fewer stream events than this cannot show whether they were paced or bunched
 STREAM_MIN_EVENTS: Final = 4
@@ -589,7 +590,7 @@ def _check_encoding(
     3. otherwise a chat completion asking for a long answer (max_tokens 300): every server has
        chat/completions, but the size then depends on the model, and it takes generation time.
 
-    Under 1 KiB after all that: ``skip`` (small bodies rightly stay identity, SPEC §9).
+    Under 1 KiB after all that: ``skip`` (small bodies rightly stay identity, docs/spec.md §9).
     """
     chosen, what, largest, errors = _big_answer(session, model, answer, embedding_model)
     if chosen is None:

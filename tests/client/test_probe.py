@@ -1,4 +1,4 @@
-"""``gateway probe`` (gateway/probe.py): the marks curl -w reports, over real sockets."""
+"""``gateway probe`` (gateway/client/probe.py): the marks curl -w reports, over real sockets."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from gateway.probe import ProbeError, Target, probe
-from tests.doctor_support import TlsMockServer, curl_marks_ms, median_of, run_cli
+from gateway.client.probe import ProbeError, Target, probe
+from tests.client.doctor_support import TlsMockServer, curl_marks_ms, median_of, run_cli
 from tests.support import SeenRequest, free_port, http_response
 
 RUNS = 5
-#: "within a few ms" (SPEC §3); the bug this guards against put 136 ms into "connect"
+#: "within a few ms" (docs/spec.md §3); the bug this guards against put 136 ms into "connect"
 AGREE_MS = 3.0
 SERVER_WAIT_S = 0.03
 

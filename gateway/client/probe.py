@@ -1,4 +1,4 @@
-"""``gateway probe``: one GET timed the way ``curl -w`` times it (SPEC §3, issue 14).
+"""``gateway probe``: one GET timed the way ``curl -w`` times it (docs/spec.md §3, issue 14).
 
 The work happens on a socket of our own so that every mark sits where curl puts it:
 
