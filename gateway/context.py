@@ -327,7 +327,7 @@ class RequestContext:
     def overhead(self) -> float:
         t = self.timeline
         end = t.done if t.done is not None else time.perf_counter()
-        return max(0.0, (end - t.received) - self.upstream_time(end))
+        return max(0.0, (end - t.received) - self.upstream_time(end) - t.backoff)
 
     def ttft(self) -> float | None:
         t = self.timeline

@@ -223,7 +223,8 @@ def test_hop_bars_are_in_chain_order_edge_auth_router_upstream() -> None:
         exprs = _exprs(f"Hop p{phi}, in chain order")
         selectors = [re.search(r'hop(!~|=)"([^"]*)"', e).group(0) for e in exprs]  # type: ignore[union-attr]
         assert selectors == [
-            'hop!~"auth|router|upstream"',
+            'hop!~"intake|auth|router|upstream"',
+            'hop="intake"',
             'hop="auth"',
             'hop="router"',
             'hop="upstream"',

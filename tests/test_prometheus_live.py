@@ -215,7 +215,8 @@ def test_dashboard_variables_have_values_and_each_selects_data(stack: Stack) -> 
     assert f"127.0.0.1:{stack.gateway.port}" in values["instance"]
     assert {"chat", "embeddings", "default"} <= set(values["route"]), values["route"]
     cfg_hops = {h.name for h in load_config(DEPLOY_CONFIG, env={}).edge.hops}
-    assert cfg_hops | {"auth", "router", "upstream"} <= set(values["hop"]), values["hop"]
+    hops = {"intake", "auth", "router", "upstream"}
+    assert cfg_hops | hops <= set(values["hop"]), values["hop"]
     failures = []
     for q in dashboard_queries(dashboard):
         for name in sorted(variables_in(q.expr) - {"datasource"}):
@@ -240,7 +241,7 @@ def test_hop_chain_panels_show_every_hop_in_order(stack: Stack) -> None:
     for target in panel["targets"]:
         expr = substitute(target["expr"], _all_values())
         seen += sorted(s["metric"]["hop"] for s in stack.prom.query(expr) if has_data([s]))
-    assert seen == ["cdn", "lb", "auth", "router", "upstream"], seen
+    assert seen == ["cdn", "lb", "intake", "auth", "router", "upstream"], seen
 
 
 def test_every_alert_rule_evaluates_and_the_rule_manager_runs_them(stack: Stack) -> None:

@@ -56,6 +56,7 @@ def line(ctx: RequestContext) -> dict[str, Any]:
     call = ctx.call
     request_s = ctx.request_time()
     upstream_s = ctx.upstream_time(ctx.timeline.done)
+    backoff_s = ctx.timeline.backoff
     ttft = ctx.ttft()
     last = ctx.attempts[-1] if ctx.attempts else None
     out: dict[str, Any] = {
@@ -76,8 +77,9 @@ def line(ctx: RequestContext) -> dict[str, Any]:
         "client": ctx.client_address,
         "request_time_ms": round(request_s * 1000, 3),
         "upstream_time_ms": round(upstream_s * 1000, 3),
-        "overhead_ms": round(max(0.0, request_s - upstream_s) * 1000, 3),
+        "overhead_ms": round(max(0.0, request_s - upstream_s - backoff_s) * 1000, 3),
         "ttft_ms": round(ttft * 1000, 3) if ttft is not None else None,
+        "backoff_ms": round(backoff_s * 1000, 3),
         "tokens": {"input": answer.input_tokens, "output": answer.output_tokens},
     }
     kind = answer.error_type()

@@ -16,7 +16,8 @@ multiprocess mode was not used: it drops exemplars and takes a lock per observat
 
 Label values are bounded: ``route`` is a configured route name, ``model`` a route pattern or the
 model the upstream answered with (at most :data:`MAX_MODELS` distinct ones, then ``other``),
-``backend`` a configured backend, ``hop`` a configured edge hop or auth / router / upstream.
+``backend`` a configured backend, ``hop`` a configured edge hop or intake / auth / router /
+upstream.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class Metrics:
         )
         self.hops = Histogram(
             "gateway_hop_duration_seconds",
-            "Time spent in each hop: edge hops, auth, router, upstream",
+            "Time spent in each hop: edge hops, intake, auth, router, upstream",
             ("hop",),
             FINE_BUCKETS,
         )
@@ -183,7 +184,8 @@ class Metrics:
         trace_id = trace.trace_id if trace is not None and trace.sampled else None
         self.requests.inc((route, model, status))
         self.request_duration.observe((route, model), request_s, trace_id)
-        self.overhead.observe((route,), max(0.0, request_s - upstream_s), trace_id)
+        overhead_s = max(0.0, request_s - upstream_s - t.backoff)  # waits are not overhead
+        self.overhead.observe((route,), overhead_s, trace_id)
         for attempt in ctx.attempts:
             backend = (attempt.backend.name, model)
             self.upstream_duration.observe(backend, attempt.duration(done), trace_id)
@@ -208,8 +210,9 @@ class Metrics:
         for name, _index, start, end in edges:
             hops.observe((name,), end - start)
         t = ctx.timeline
+        hops.observe(("intake",), t.intake_done - t.received)
         if t.auth_done is not None:
-            hops.observe(("auth",), t.auth_done - t.received)
+            hops.observe(("auth",), t.auth_done - t.intake_done)
             if t.routed is not None:
                 hops.observe(("router",), t.routed - t.auth_done)
         if ctx.attempts:

@@ -36,24 +36,32 @@ def format_metric(name: str, seconds: float) -> str:
 
 
 def server_timing(ctx: RequestContext, edges: list[EdgeInterval]) -> bytes:
-    """``cdn;dur=…, lb;dur=…, auth;dur=…, router;dur=…, cache;desc=…, upstream;dur=…,
-    gateway;dur=…`` with the values known now (the headers are going out)."""
+    """``cdn;dur=…, lb;dur=…, intake;dur=…, auth;dur=…, router;dur=…, cache;desc=…,
+    upstream;dur=…, backoff;dur=…, gateway;dur=…`` with the values known now (the headers are
+    going out). ``backoff`` only when the request waited between attempts; ``gateway`` is the
+    gateway's own time: request - upstream - backoff (docs/spec.md §6)."""
     t = ctx.timeline
     now = time.perf_counter()
     parts = [format_metric(name, end - start) for name, _, start, end in edges] if edges else []
+    intake = t.intake_done
+    parts.append(f"intake;dur={(intake - t.received) * 1000:.3f}")
     auth = t.auth_done
     if auth is not None:
         routed = t.routed
         if routed is not None:
-            a_ms, r_ms = (auth - t.received) * 1000, (routed - auth) * 1000
+            a_ms, r_ms = (auth - intake) * 1000, (routed - auth) * 1000
             parts.append(f"auth;dur={a_ms:.3f}, router;dur={r_ms:.3f}")
         else:
-            parts.append(f"auth;dur={(auth - t.received) * 1000:.3f}")
+            parts.append(f"auth;dur={(auth - intake) * 1000:.3f}")
     parts.append("cache;desc=" + ctx.cache.result)
     if ctx.attempts:
         upstream = ctx.upstream_time(now)
-        gateway = max(0.0, (now - t.received) - upstream)
-        parts.append(f"upstream;dur={upstream * 1000:.3f}, gateway;dur={gateway * 1000:.3f}")
+        backoff = t.backoff
+        gateway = max(0.0, (now - t.received) - upstream - backoff)
+        parts.append(f"upstream;dur={upstream * 1000:.3f}")
+        if backoff:
+            parts.append(f"backoff;dur={backoff * 1000:.3f}")
+        parts.append(f"gateway;dur={gateway * 1000:.3f}")
     else:
         parts.append(f"gateway;dur={(now - t.received) * 1000:.3f}")
     return ", ".join(parts).encode()

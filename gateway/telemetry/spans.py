@@ -1,10 +1,10 @@
 """The span tree of one finished request, written from its Timeline (SPEC §7).
 
-One builder per span kind: edge hops (reconstructed from headers), ``hop auth``, ``hop router``
-with its ``cache lookup`` child, ``cache store``, one CLIENT span per upstream attempt, and the
-SERVER root. Runs once per sampled request on the event loop, after the response went out; it
-uses the memoised pieces of :mod:`gateway.telemetry.otlp` so only times, ids and numbers are
-encoded per request.
+One builder per span kind: edge hops (reconstructed from headers), ``hop intake``, ``hop auth``,
+``hop router`` with its ``cache lookup`` child, ``cache store``, one CLIENT span per upstream
+attempt, and the SERVER root. Runs once per sampled request on the event loop, after the
+response went out; it uses the memoised pieces of :mod:`gateway.telemetry.otlp` so only times,
+ids and numbers are encoded per request.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ _CLIENT_NAMES = (
 _HOP_NAMES = ("hop.name", "hop.index", "hop.source")
 _AUTH_NAMES = (*_HOP_NAMES, "gateway.auth.mode")
 _ROUTER_NAMES = (*_HOP_NAMES, "gateway.cache", "gateway.route")
+_INTAKE = otlp.name_kind("hop intake", otlp.KIND_INTERNAL)
 _AUTH = otlp.name_kind("hop auth", otlp.KIND_INTERNAL)
 _ROUTER = otlp.name_kind("hop router", otlp.KIND_INTERNAL)
 #: routes whose path is its own http.route; other /v1/* paths are one template
@@ -130,8 +131,9 @@ def build_spans(
     """The encoded span tree of one finished request."""
     tree = _Tree(ctx, trace)
     spans = [_edge_span(tree, *hop) for hop in edge_hops]
-    spans.append(_auth_span(tree, hop_base + 1, auth_mode))
-    spans.extend(_router_spans(tree, hop_base + 2, cache_backend))
+    spans.append(_intake_span(tree, hop_base + 1))
+    spans.append(_auth_span(tree, hop_base + 2, auth_mode))
+    spans.extend(_router_spans(tree, hop_base + 3, cache_backend))
     outcome = ctx.cache
     if outcome.store_start is not None:
         spans.append(
@@ -163,14 +165,25 @@ def _edge_span(tree: _Tree, name: str, index: int, start_s: float, end_s: float)
     )
 
 
+def _intake_span(tree: _Tree, index: int) -> bytes:
+    """The gateway's own server: from the request's first byte read to the request handed to
+    the application (HTTP parsing, ASGI dispatch; docs/spec.md §6)."""
+    attrs = (_group(("intake", index, "gateway"), _HOP_NAMES),)
+    end = tree.ns(tree.ctx.timeline.intake_done)
+    return otlp.span_fast(
+        tree.head, _sid(), tree.under_root, _INTAKE, tree.wall, end, attrs, tree.tail
+    )
+
+
 def _auth_span(tree: _Tree, index: int, mode: str) -> bytes:
     t = tree.ctx.timeline
     end = t.auth_done if t.auth_done is not None else tree.done
     attrs = [_group(("auth", index, "gateway", mode), _AUTH_NAMES)]
     if tree.ctx.tenant is not None:
         attrs.append(_s("gateway.tenant", tree.ctx.tenant))
+    start = tree.ns(t.intake_done)
     return otlp.span_fast(
-        tree.head, _sid(), tree.under_root, _AUTH, tree.wall, tree.ns(end), attrs, tree.tail
+        tree.head, _sid(), tree.under_root, _AUTH, start, tree.ns(end), attrs, tree.tail
     )
 
 
@@ -387,9 +400,11 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
         ),
         _f("gateway.request_time_ms", _ms(request_s)),
         _f("gateway.upstream_time_ms", _ms(upstream_s)),
-        _f("gateway.overhead_ms", _ms(max(0.0, request_s - upstream_s))),
+        _f("gateway.overhead_ms", _ms(max(0.0, request_s - upstream_s - ctx.timeline.backoff))),
         _str("gateway.request_id", ctx.request_id),
     ]
+    if ctx.timeline.backoff:  # waited between attempts: neither upstream nor gateway time
+        attrs.append(_f("gateway.backoff_ms", _ms(ctx.timeline.backoff)))
     ttft = ctx.ttft()
     if ttft is not None:
         attrs.append(_f("gateway.ttft_ms", _ms(ttft)))

@@ -108,12 +108,13 @@ def test_span_tree_with_edge_hops(gateway, mock_upstream, receiver):
         },  # milliseconds
     )
     answer = raw.parse()
-    spans = one_trace(receiver, "POST /v1/chat/completions", 6)
+    spans = one_trace(receiver, "POST /v1/chat/completions", 7)
     names = by_name(spans)
     assert set(names) == {
         "POST /v1/chat/completions",
         "hop cdn",
         "hop lb",
+        "hop intake",
         "hop auth",
         "hop router",
         "chat mock-gpt-4o",
@@ -127,9 +128,10 @@ def test_span_tree_with_edge_hops(gateway, mock_upstream, receiver):
     hops = sorted(
         (s for s in spans if s.name.startswith("hop ")), key=lambda s: s.attributes["hop.index"]
     )
-    assert [h.attributes["hop.name"] for h in hops] == ["cdn", "lb", "auth", "router"]
-    assert [h.attributes["hop.index"] for h in hops] == [1, 2, 3, 4]
-    assert [h.attributes["hop.source"] for h in hops] == ["header", "header", "gateway", "gateway"]
+    assert [h.attributes["hop.name"] for h in hops] == ["cdn", "lb", "intake", "auth", "router"]
+    assert [h.attributes["hop.index"] for h in hops] == [1, 2, 3, 4, 5]
+    sources = [h.attributes["hop.source"] for h in hops]
+    assert sources == ["header", "header", "gateway", "gateway", "gateway"]
     assert all(h.kind == "INTERNAL" for h in hops)
     # hops follow each other in time: each starts where the previous ended (or later)
     for a, b in itertools.pairwise(hops):
@@ -197,6 +199,7 @@ def test_span_tree_with_edge_hops(gateway, mock_upstream, receiver):
     for metric in (
         "cdn;dur=",
         "lb;dur=",
+        "intake;dur=",
         "auth;dur=",
         "router;dur=",
         "cache;desc=",
@@ -246,7 +249,8 @@ header = "x-cdn-start"
     spans = one_trace(receiver, "POST /v1/chat/completions", 4)
     names = by_name(spans)
     assert "hop cdn" not in names
-    assert names["hop auth"].attributes["hop.index"] == 2  # positions stay as configured
+    assert names["hop intake"].attributes["hop.index"] == 2  # positions stay as configured
+    assert names["hop auth"].attributes["hop.index"] == 3
     root = names["POST /v1/chat/completions"]
     assert root.attributes["gateway.edge.discarded"] == [f"cdn:{mark}"]
     assert all(s.duration_ms >= 0 for s in spans)
@@ -435,7 +439,8 @@ def test_server_timing_and_no_traceresponse_when_tracing_is_off(gateway, mock_up
     assert "traceresponse" not in r.headers
     st_header = r.headers["server-timing"]
     assert re.fullmatch(
-        r"auth;dur=[0-9.]+, router;dur=[0-9.]+, cache;desc=\w+, upstream;dur=[0-9.]+, "
+        r"intake;dur=[0-9.]+, auth;dur=[0-9.]+, router;dur=[0-9.]+, cache;desc=\w+, "
+        r"upstream;dur=[0-9.]+, "
         r"gateway;dur=[0-9.]+",
         st_header,
     ), st_header
