@@ -18,7 +18,7 @@ from gateway import endpoints
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
 from gateway.hops.edge import unsafe_path
-from gateway.live import LiveView
+from gateway.live.view import LiveView
 from gateway.pipeline import model_call
 from gateway.runtime import Endpoint, Runtime, build_runtime
 from gateway.telemetry.tracing import Tracing

@@ -25,7 +25,7 @@ from gateway.scope import RequestScope
 from gateway.telemetry import Sink, Telemetry
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.metrics import METRICS_DIR_ENV, Exposition, Metrics, WorkerSnapshots
-from gateway.telemetry.recent import RecentRequests
+from gateway.live.recent import RecentRequests
 from gateway.telemetry.tracing import Tracing
 from gateway.transports import for_backend
 from gateway.types import Receive, Scope, Send

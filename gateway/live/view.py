@@ -42,9 +42,9 @@ import orjson
 
 from gateway.config import Config
 from gateway.errors import Forbidden, GatewayError, InvalidRequest, NotFound, Unauthorized
+from gateway.live.recent import RecentRequests, percentiles, stats
 from gateway.routes import Backend
 from gateway.runtime import Endpoint, Runtime
-from gateway.telemetry.recent import RecentRequests, percentiles, stats
 from gateway.types import RawHeaders, Receive, Scope, Send
 
 COOKIE = "gateway_ui_key"
@@ -72,7 +72,7 @@ _STATUS_CLASSES = frozenset({"1xx", "2xx", "3xx", "4xx", "5xx", "error"})
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("gateway").joinpath("ui", name).read_bytes()
+    return resources.files("gateway.live").joinpath("ui", name).read_bytes()
 
 
 async def _respond(send: Send, status: int, headers: RawHeaders, body: bytes = b"") -> None:

@@ -20,13 +20,13 @@ import openai
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from gateway import live
 from gateway.config import load_config
+from gateway.live import view as live
 from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.support import GatewayServer, gateway_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it); never a download
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -576,14 +576,15 @@ def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, cap
 # ---------------------------------------------------------------- config and packaging
 
 
-def test_the_view_is_on_in_the_embedded_default_and_off_otherwise(gateway, mock_upstream):
+def test_the_view_is_on_in_the_embedded_default_and_off_when_disabled(gateway, mock_upstream):
+    # (when [ui] enabled is unset it follows the listen address and auth: tests/test_config.py)
     assert load_config().ui.enabled is True
     default = (ROOT / "gateway" / "default.toml").read_text()
     assert (ROOT / "config" / "gateway.toml").read_text() == default
     off = gateway(
         gateway_config(
             f'[[backends]]\nname = "up"\nurl = "{mock_upstream.url}/v1"\n'
-            '[[routes]]\nmodels = ["*"]\nbackends = ["up"]\n'
+            '[[routes]]\nmodels = ["*"]\nbackends = ["up"]\n[ui]\nenabled = false\n'
         )
     )
     assert off.app.runtime is not None and off.app.runtime.recent is None
@@ -594,9 +595,10 @@ def test_the_view_is_on_in_the_embedded_default_and_off_otherwise(gateway, mock_
 def test_the_page_ships_inside_the_package():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = data["tool"]["setuptools"]["package-data"]["gateway"]
-    shipped = sorted(p.relative_to(ROOT / "gateway") for p in (ROOT / "gateway" / "ui").iterdir())
+    ui = ROOT / "gateway" / "live" / "ui"
+    shipped = sorted(p.relative_to(ROOT / "gateway") for p in ui.iterdir())
     assert {"index.html", "live.js", "live.css"} <= {p.name for p in shipped}
     for path in shipped:
         assert any(path.match(g) for g in globs), f"{path} is not in package-data"
-    html = (ROOT / "gateway" / "ui" / "index.html").read_text()
+    html = (ui / "index.html").read_text()
     assert "http://" not in html and "https://" not in html  # nothing from a CDN

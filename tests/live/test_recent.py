@@ -1,4 +1,4 @@
-"""The live view's ring buffer (gateway/telemetry/recent.py): records, waterfall, feed."""
+"""The live view's ring buffer (gateway/live/recent.py): records, waterfall, feed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from gateway.config import BackendConfig, RouteConfig
 from gateway.context import Attempt, Call, RequestContext, Timeline
 from gateway.errors import UpstreamError
+from gateway.live.recent import RecentRequests, format_record, percentiles, snapshot
 from gateway.routes import Backend, Route
-from gateway.telemetry.recent import RecentRequests, format_record, percentiles, snapshot
 from gateway.telemetry.server_timing import edge_intervals
 
 BACKEND = Backend(BackendConfig(name="b", url="http://127.0.0.1:9/v1"), None)
