@@ -165,6 +165,17 @@ class TracingConfig:
     export_timeout_s: float = 5.0
     #: on shutdown, wait at most this long for the exporter to flush
     shutdown_timeout_s: float = 3.0
+    #: the keys of this section the file or a ``GATEWAY__TRACING__*`` variable wrote (filled
+    #: by :func:`build_config`): those win over ``OTEL_*`` variables (docs/spec.md §7)
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def is_explicit(self, name: str) -> bool:
+        """Whether key ``name`` was written (or, for a section built in code, differs from its
+        default): then it wins over the matching ``OTEL_*`` variable."""
+        if name in self.explicit:
+            return True
+        default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+        return bool(getattr(self, name) != default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +323,11 @@ def build_config(
             ui, enabled=is_loopback(cfg.server.host) or cfg.auth.mode == "keys"
         )
     explicit = frozenset(_paths(data, ""))
-    return dataclasses.replace(cfg, routes=routes, ui=ui, source=source, explicit=explicit)
+    written = frozenset(p.split(".", 1)[1] for p in explicit if p.startswith("tracing."))
+    tracing = dataclasses.replace(cfg.tracing, explicit=written)
+    return dataclasses.replace(
+        cfg, routes=routes, ui=ui, tracing=tracing, source=source, explicit=explicit
+    )
 
 
 def is_loopback(host: str) -> bool:

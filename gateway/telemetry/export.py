@@ -184,12 +184,13 @@ def _http_endpoint(cfg: TracingConfig, env: Mapping[str, str]) -> str:
 def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings:
     """The exporter's settings: an explicit config key wins, else ``OTEL_*``, else the default.
 
-    A config key counts as explicit when it differs from its default (SPEC §7). Unparsable
+    A config key counts as explicit when the file (or ``GATEWAY__TRACING__*``) wrote it, even
+    with its default value (docs/spec.md §7). Unparsable
     numbers and unknown enum values in ``OTEL_*`` are warned about and ignored (OTel spec);
     files that cannot be read are an :class:`ExportConfigError`.
     """
     protocol: Protocol_ = cfg.protocol
-    if protocol == _DEFAULTS.protocol and (got := _env_var(env, "PROTOCOL")) is not None:
+    if not cfg.is_explicit("protocol") and (got := _env_var(env, "PROTOCOL")) is not None:
         name, value = got
         if value in ("http/protobuf", "grpc"):
             protocol = value  # type: ignore[assignment]  # checked just above
@@ -208,7 +209,7 @@ def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings
         endpoint = _http_endpoint(cfg, env)
 
     timeout = cfg.export_timeout_s
-    if timeout == _DEFAULTS.export_timeout_s and (got := _env_var(env, "TIMEOUT")) is not None:
+    if not cfg.is_explicit("export_timeout_s") and (got := _env_var(env, "TIMEOUT")) is not None:
         timeout = _parse_timeout(*got) or timeout
 
     headers: tuple[tuple[str, str], ...] = ()

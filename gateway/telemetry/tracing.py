@@ -57,9 +57,6 @@ def _span_id() -> int:
             return sid
 
 
-_DEFAULT = TracingConfig()
-
-
 def effective_config(cfg: TracingConfig, env: Mapping[str, str]) -> tuple[TracingConfig, bool]:
     """``cfg`` with the ``OTEL_*`` variables applied where it leaves a key at its default
     (SPEC §7: an explicit config key wins), and whether sampling follows a parent.
@@ -73,11 +70,11 @@ def effective_config(cfg: TracingConfig, env: Mapping[str, str]) -> tuple[Tracin
         return dataclasses.replace(cfg, exporter="none"), True
     changes: dict[str, Any] = {}
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if cfg.exporter == _DEFAULT.exporter and exporter in ("otlp", "console", "none"):
+    if not cfg.is_explicit("exporter") and exporter in ("otlp", "console", "none"):
         changes["exporter"] = exporter
     parent_based = True
     sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
-    if cfg.sample_ratio == _DEFAULT.sample_ratio and sampler:
+    if not cfg.is_explicit("sample_ratio") and sampler:
         ratio = _sampler_ratio(sampler, env.get("OTEL_TRACES_SAMPLER_ARG"))
         if ratio is not None:
             changes["sample_ratio"] = ratio
@@ -110,7 +107,7 @@ def resource_attributes(cfg: TracingConfig) -> dict[str, otlp.AttrValue]:
     from opentelemetry.sdk.resources import Resource
 
     given: dict[str, str] = {"service.version": __version__}
-    if cfg.service_name != _DEFAULT.service_name:
+    if cfg.is_explicit("service_name"):
         given["service.name"] = cfg.service_name
     # Resource.create adds the SDK's defaults, OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
     attrs: dict[str, otlp.AttrValue] = {

@@ -208,3 +208,107 @@ backends = ["up"]
     traceparent = seen.header("traceparent")
     assert traceparent is not None and traceparent.split("-")[1] == root.trace_id
     assert traceparent.split("-")[2] in {auto.span_id, attempt.span_id}
+
+
+# ---------------------------------------------------------------- a key written at its default
+
+
+@pytest.mark.parametrize(
+    ("written", "env", "protocol", "ratio", "exporter"),
+    [
+        # written in the file with the default's value: still explicit, it wins
+        (
+            'protocol = "http/protobuf"\nsample_ratio = 1.0\nexporter = "none"',
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_TRACES_SAMPLER": "always_off",
+                "OTEL_TRACES_EXPORTER": "otlp",
+            },
+            "http/protobuf",
+            1.0,
+            "none",
+        ),
+        # left out: the variables apply
+        (
+            'endpoint = "http://127.0.0.1:4318"',
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_TRACES_SAMPLER": "always_off",
+                "OTEL_TRACES_EXPORTER": "otlp",
+            },
+            "grpc",
+            0.0,
+            "otlp",
+        ),
+    ],
+)
+def test_a_key_written_with_its_default_value_wins_over_otel_variables(
+    written, env, protocol, ratio, exporter
+):
+    from gateway.config import load_config
+    from gateway.telemetry.export import resolve_settings
+
+    text = (
+        '[[backends]]\nname = "b"\nurl = "mock://"\n[[routes]]\nmodels = ["*"]\nbackends = ["b"]\n'
+    )
+    cfg = load_config(text=text + "[tracing]\n" + written, env={}).tracing
+    effective, _ = effective_config(cfg, env)
+    assert (effective.exporter, effective.sample_ratio) == (exporter, ratio)
+    assert resolve_settings(cfg, env).protocol == protocol
+
+
+def test_opentelemetry_instrument_without_grpcio_honours_the_configs_http_protocol(
+    upstream, receiver, tmp_path
+):
+    """opentelemetry-distro sets OTEL_EXPORTER_OTLP_PROTOCOL=grpc by default; a config that
+    writes protocol = "http/protobuf" (the default value) must still export over HTTP — on a
+    plain install, without grpcio, the gateway used to refuse to start.
+
+    grpcio is part of the test extra, so a plain install is made here by hiding it: a
+    ``grpc`` package first on PYTHONPATH whose import fails as a missing one does."""
+    hide = tmp_path / "no-grpcio" / "grpc"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'grpc\'", name="grpc")\n'
+    )
+    up = upstream(answering(ANSWER))
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f"""
+[[backends]]
+name = "up"
+url = "{up.url}"
+
+[[routes]]
+models = ["*"]
+backends = ["up"]
+"""
+        + otlp_config(receiver, 'protocol = "http/protobuf"')
+    )
+    port = free_port()
+    instrument = Path(sys.executable).parent / "opentelemetry-instrument"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(
+        {
+            # the distro's own SDK set-up exports nothing here; it still sets its defaults,
+            # OTEL_EXPORTER_OTLP_PROTOCOL=grpc among them
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "redis,asyncio,threading,logging",
+            "PYTHONPATH": os.pathsep.join(
+                [str(hide.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        }
+    )
+    argv = [str(instrument), sys.executable, "-m", "gateway.cli", "serve", "-c", str(config)]
+    argv += ["--port", str(port)]
+    proc = Process(argv, port, env=env)
+    try:
+        wait_port(port)
+        resp = post_chat(f"http://127.0.0.1:{port}/v1")
+        assert resp.status_code == 200, resp.text
+        spans = receiver.wait_for(lambda ss: any(s.kind == "SERVER" for s in ss), timeout=15)
+    finally:
+        out = proc.stop()
+    assert any(s.name == "POST /v1/chat/completions" for s in spans), out
