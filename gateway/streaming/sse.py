@@ -16,8 +16,9 @@ class SSEParser:
     Events end at a blank line; lines end with CRLF, LF or CR. :meth:`feed` returns each
     complete event's bytes exactly as received (terminator included), so the relay forwards
     what the upstream sent and an incomplete tail never reaches the client. A CR that ends a
-    chunk could be the first half of a CRLF, so that event waits for the next byte; only
-    CR-only streams (not seen in practice) would feel it.
+    chunk could be the first half of a CRLF, so that event waits for the next byte (only
+    CR-only streams, not seen in practice, feel it); at the end of the stream :meth:`finish`
+    reads that CR as the line end it was.
     """
 
     __slots__ = ("_buf",)
@@ -35,16 +36,37 @@ class SSEParser:
                 start = i + 2
             self._buf = buf[start:]
             return events
-        pos = start
-        line_start = start
+        return self._split(buf, final=False)
+
+    def finish(self) -> list[bytes]:
+        r"""The stream ended: a CR left at the very end was a line end, not half of a CRLF.
+
+        Returns the event that completes (a CR-only stream's last one), if any; whatever stays
+        in :attr:`pending` afterwards was cut.
+
+        >>> p = SSEParser()
+        >>> p.feed(b"data: a\r\rdata: [DONE]\r\r"), p.finish(), p.pending
+        ([b'data: a\r\r'], [b'data: [DONE]\r\r'], b'')
+        """
+        if not self._buf.endswith(b"\r"):
+            return []
+        return self._split(self._buf, final=True)
+
+    def _split(self, buf: bytes, *, final: bool) -> list[bytes]:
+        """Events out of ``buf`` at any line endings; ``final``: no more bytes will come."""
+        events: list[bytes] = []
+        start = pos = line_start = 0
         n = len(buf)
         while pos < n:
             c = buf[pos]
             if c == 0x0A or c == 0x0D:  # \n or \r
                 if c == 0x0D:
                     if pos + 1 >= n:
-                        break  # a CR at the end may be half of a CRLF: wait for more
-                    end = pos + 2 if buf[pos + 1] == 0x0A else pos + 1
+                        if not final:
+                            break  # a CR at the end may be half of a CRLF: wait for more
+                        end = n
+                    else:
+                        end = pos + 2 if buf[pos + 1] == 0x0A else pos + 1
                 else:
                     end = pos + 1
                 if pos == line_start:  # empty line: the event is complete
