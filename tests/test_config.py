@@ -7,6 +7,7 @@ import datetime
 import string
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -320,3 +321,20 @@ def test_check_config_exits_2_with_the_paths_and_no_traceback(tmp_path):
     assert "Traceback" not in out.stdout + out.stderr
     assert "backends[0].url: required key is missing" in out.stdout
     assert "routes[0].models: expected an array, got a string" in out.stdout
+
+
+def _shipped_configs() -> list[Path]:
+    root = Path(__file__).resolve().parent.parent
+    return sorted([*(root / "config").rglob("*.toml"), *(root / "deploy").rglob("*.toml")])
+
+
+@pytest.mark.parametrize("path", _shipped_configs(), ids=lambda p: p.name)
+def test_no_shipped_config_is_an_open_relay(path: Path):
+    """docs/spec.md §3: a config that listens beyond loopback with auth off must not send a
+    backend key of the operator's — anyone who reaches the port would spend it."""
+    from gateway.config import is_loopback, load_config
+
+    cfg = load_config(path, env={})
+    keyed = [b.name for b in cfg.backends if b.api_key_env]
+    if not is_loopback(cfg.server.host) and cfg.auth.mode == "off":
+        assert not keyed, f"{path.name}: listens on {cfg.server.host} with auth off, sends {keyed}"
