@@ -47,6 +47,8 @@ class Gateway:
             "/v1/embeddings": _model_or_passthrough,
             "/v1/responses": _model_or_passthrough,  # OpenAI Responses API
             "/v1/messages": _model_or_passthrough,  # Anthropic Messages API
+            # its token count: Claude Code asks it when to compact (docs/spec.md §22)
+            "/v1/messages/count_tokens": _model_or_passthrough,
             "/v1/models": endpoints.ModelCatalog(),
             "/healthz": endpoints.healthz,
             "/readyz": endpoints.readyz,

@@ -11,6 +11,7 @@ import orjson
 
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.hops.edge import stream_body
+from gateway.hops.ownership import response_path_id
 from gateway.routes import Backend
 from gateway.runtime import Endpoint, Runtime
 from gateway.streaming.bodies import relay_raw
@@ -24,11 +25,17 @@ _GLOB_CHARS = frozenset("*?[")
 
 
 async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-    """Other ``/v1/*`` paths: to the first route's backend, unchanged and streamed."""
+    """Other ``/v1/*`` paths: to the first route's backend, unchanged and streamed.
+
+    A stateful Responses path (``/v1/responses/{id}``, ``…/cancel``, ``…/input_items``) goes to
+    the backend that made that response, pinned (docs/spec.md §22); an unknown id, to the first
+    route's backend like any other path."""
     async with rt.request(scope, send) as req:
         ctx = req.ctx
         backend = rt.router.routes[0].backends[0]
         await rt.auth.check(ctx)  # with auth on, passthrough needs a key like a model call
+        response_id = response_path_id(ctx.path)
+        owner = await rt.ownership.owner(response_id) if response_id is not None else None
         # unchanged means unchanged: the body keeps its coding, the client picks the answer's
         for name, value in (
             ("content-encoding", ctx.content_encoding),
@@ -37,8 +44,13 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
             if value is not None:
                 ctx.upstream_headers.append((name, value.decode("latin-1")))
         body = stream_body(ctx, receive, rt.max_body)
-        resp, attempt = await rt.upstream.forward(ctx, (backend,), body)
+        if owner is None:
+            resp, attempt = await rt.upstream.forward(ctx, (backend,), body)
+        else:  # tried even when ejected: the state lives only there; its error passes through
+            resp, attempt = await rt.upstream.forward(ctx, (owner,), body, pinned=True)
         await relay_raw(ctx, resp, attempt, req.out)
+        if response_id is not None and ctx.method == "DELETE" and resp.status == 200:
+            await rt.ownership.forget(response_id)
 
 
 def bad_path(why: str) -> Endpoint:

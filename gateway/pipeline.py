@@ -16,8 +16,11 @@ from gateway.context import Call, RequestContext
 from gateway.encoding import negotiate
 from gateway.errors import NotAcceptable, UpstreamStreamError
 from gateway.hops.edge import read_body
+from gateway.hops.ownership import RecordingWriter
 from gateway.protocols import BY_PATH
+from gateway.routes import Backend
 from gateway.runtime import Runtime
+from gateway.scope import RequestScope
 from gateway.streaming.bodies import relay_json, replay_json
 from gateway.streaming.relay import SSERelay, replay_sse
 from gateway.types import Receive, Scope, Send
@@ -36,6 +39,10 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
         ctx.coding = negotiate_coding(ctx.accept_encoding)  # br | zstd | gzip | identity: 406
         body = await read_body(ctx, receive, rt.max_body)  # bounded, decoded: 413 / 415
         call = rt.router.route(ctx, body)  # parse once, route, policies
+        owner = None
+        if BY_PATH[call.path].stateful:  # the Responses API: where its state lives
+            owner = await stateful(rt, req, call)
+            out = req.out
         lookup = await rt.cache.lookup(ctx, call)  # a hit, an identical call in flight, a miss
         ctx.timeline.routed = time.perf_counter()
         if lookup.entry is not None:
@@ -43,7 +50,19 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
         elif lookup.follow is not None:
             await follow(rt, ctx, call, lookup.follow, out, receive)
         else:  # upstream attempts → relay (SSE event by event, or JSON) → cache store
-            await from_upstream(rt, ctx, call, lookup.plan, out, receive)
+            await from_upstream(rt, ctx, call, lookup.plan, out, receive, owner)
+
+
+async def stateful(rt: Runtime, req: RequestScope, call: Call) -> Backend | None:
+    """docs/spec.md §22: a follow-up (``previous_response_id``) goes to the backend that made
+    the response it names (None: unknown there, routed by model); an answer the upstream will
+    store is recorded as that backend's before the client gets its first byte."""
+    payload = call.payload
+    previous = payload.get("previous_response_id")
+    owner = await rt.ownership.owner(previous) if previous is not None else None
+    if payload.get("store") is not False:  # store: false answers are kept nowhere
+        req.out = RecordingWriter(req.out, rt.ownership, call.route.config.response_affinity_ttl_s)
+    return owner
 
 
 async def from_upstream(
@@ -53,17 +72,27 @@ async def from_upstream(
     plan: CachePlan | None,
     out: ResponseWriter,
     receive: Receive,
+    owner: Backend | None = None,
 ) -> None:
-    """Attempts (retries, fallback), then the relay; a complete valid answer is stored."""
+    """Attempts (retries, fallback), then the relay; a complete valid answer is stored.
+
+    With an ``owner`` (the backend holding the state a stateful call names) only it is tried,
+    pinned: even when ejected, and its error passes through (docs/spec.md §22)."""
     route = call.route
+    cfg = route.config
     api = BY_PATH[call.path]
     ctx.upstream_headers.append(_UPSTREAM_STREAM_CODING if call.stream else _UPSTREAM_CODING)
     entry: Entry | None = None
     cut: UpstreamStreamError | None = None
     try:
-        resp, attempt = await rt.upstream.forward(
-            ctx, route.backends, call.body, route.config.retries, route.config.retry_on_timeout
-        )
+        if owner is None:
+            resp, attempt = await rt.upstream.forward(
+                ctx, route.backends, call.body, cfg.retries, cfg.retry_on_timeout
+            )
+        else:
+            resp, attempt = await rt.upstream.forward(
+                ctx, (owner,), call.body, cfg.retries, cfg.retry_on_timeout, pinned=True
+            )
         if call.stream and resp.status == 200:
             tee = StreamTee(plan) if plan is not None else None
             idle = attempt.backend.config.stream_idle_timeout_s

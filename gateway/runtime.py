@@ -18,6 +18,7 @@ from gateway.config import Config
 from gateway.hops.auth import Auth, build_auth
 from gateway.hops.edge import Edge
 from gateway.hops.health import Health
+from gateway.hops.ownership import Ownership, build_ownership
 from gateway.hops.router import Router
 from gateway.hops.upstream import Upstream
 from gateway.routes import Backend, Route
@@ -48,6 +49,8 @@ class Runtime:
     telemetry: Telemetry
     #: passive health, retry budgets, strategies (SPEC §13); per process
     health: Health
+    #: response id -> the backend that made it (stateful Responses, docs/spec.md §22)
+    ownership: Ownership
     max_body: int
     #: GET /metrics (None with [metrics] enabled = false)
     exposition: Exposition | None = None
@@ -77,6 +80,7 @@ class Runtime:
         )
         await self.cache.aclose()
         await self.auth.aclose()  # the last token debits, the limiter's Redis client
+        await self.ownership.aclose()
         # the export thread may wait on a dead collector: keep the loop free meanwhile
         await asyncio.to_thread(self.telemetry.shutdown)
 
@@ -156,4 +160,5 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         exposition=exposition,
         recent=recent,
         health=health,
+        ownership=build_ownership(config, backends, env),
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.protocols.base import Api
-from gateway.protocols.messages import Messages
+from gateway.protocols.messages import CountTokens, Messages
 from gateway.protocols.openai import ChatCompletions, Completions, Embeddings
 from gateway.protocols.responses import Responses
 
@@ -14,6 +14,7 @@ BY_PATH: dict[str, Api] = {
     "/v1/embeddings": Embeddings(),
     "/v1/responses": Responses(),  # OpenAI Responses API
     "/v1/messages": Messages(),  # Anthropic Messages API
+    "/v1/messages/count_tokens": CountTokens(),  # its token count (docs/spec.md §22)
 }
 #: gen_ai.operation.name -> its API, for the cacheable APIs only (the cache keeps the operation
 #: in its entries; responses and messages are "chat" too, and never cached)

@@ -29,6 +29,9 @@ class Api:
     cacheable = False
     #: fields that cap the completion length (the first one is set when none is present)
     max_tokens_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+    #: answers live on the backend that made them and later requests name them by id
+    #: (the Responses API's ``previous_response_id``, docs/spec.md §22)
+    stateful = False
 
     # ------------------------------------------------------------ requests
 
@@ -130,6 +133,39 @@ def event_type(raw: bytes, obj: Any) -> str | None:
         line = raw.split(b"\n", 1)[0]
         return line[6:].strip().decode("latin-1") or None
     return None
+
+
+def carries_cache_control(payload: dict[str, Any], *fields: str) -> bool:
+    """Whether a request marks a prompt-cache breakpoint (``cache_control``) anywhere it can:
+    at its top level, or on an item of ``fields`` (messages, system blocks, tools) or on a
+    content block of such an item. ``history_window`` leaves such a request alone
+    (docs/spec.md §22): dropping messages would change the prefix the breakpoint caches.
+
+    >>> carries_cache_control({"messages": [{"role": "user", "content": "hi"}]}, "messages")
+    False
+    >>> block = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    >>> carries_cache_control({"messages": [{"role": "user", "content": [block]}]}, "messages")
+    True
+    >>> carries_cache_control({"system": [block], "messages": []}, "messages", "system")
+    True
+    """
+    if "cache_control" in payload:
+        return True
+    for field in fields:
+        items = payload.get(field)
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            if "cache_control" in item:
+                return True
+            content = item.get("content")
+            if isinstance(content, list):
+                for block in content:
+                    if isinstance(block, dict) and "cache_control" in block:
+                        return True
+    return False
 
 
 def window_items(

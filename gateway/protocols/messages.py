@@ -9,6 +9,11 @@ Tokens follow the GenAI semantic conventions' Anthropic page: ``gen_ai.usage.inp
 ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens`` (Anthropic reports the
 cached parts apart), ``gen_ai.usage.output_tokens`` the last ``output_tokens`` reported.
 ``gen_ai.operation.name`` is ``chat`` (the conventions' value for Anthropic inference).
+
+``POST /v1/messages/count_tokens`` (:class:`CountTokens`) takes a Messages body and answers
+``{"input_tokens": N}``: Claude Code asks it when to compact its context (docs/spec.md §22). It
+is routed like messages but is no inference: its own ``gen_ai.operation.name``
+(``count_tokens``), never cached, and its count is not usage (no tokens are debited or counted).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest, UpstreamStreamError
-from gateway.protocols.base import Api, event_type, window_items
+from gateway.protocols.base import Api, carries_cache_control, event_type, window_items
 
 _END = b"event: message_stop"
 _INT_FIELDS = ("top_k",)
@@ -64,12 +69,7 @@ class Messages(Api):
     def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
         notes = super().apply_policies(payload, cfg)
         if cfg.history_window is not None:
-            messages: list[Any] = payload["messages"]
-            # the system prompt is a field of its own: every message is history
-            kept = window_items(messages, cfg.history_window, _never, _opens)
-            if kept is not None:
-                payload["messages"] = kept
-                notes["policy.history_window"] = f"{len(messages)}->{len(kept)}"
+            _window_messages(payload, cfg.history_window, notes)
         return notes
 
     # ------------------------------------------------------------ answers
@@ -116,6 +116,39 @@ class Messages(Api):
             "error": {"type": "api_error", "message": f"{cut.message} ({cut.code})"},
         }
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+class CountTokens(Messages):
+    """``POST /v1/messages/count_tokens``: a Messages body, answered ``{"input_tokens": N}``."""
+
+    operation = "count_tokens"
+
+    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
+        # no max_tokens cap (the endpoint refuses the field); the window messages would get,
+        # so the count is of what a messages call with this body would send
+        notes: dict[str, Any] = {}
+        if cfg.history_window is not None:
+            _window_messages(payload, cfg.history_window, notes)
+        return notes
+
+    def note_answer(self, answer: Answer, obj: Any) -> bool:
+        return False  # a count is not usage: nothing is debited or counted as tokens
+
+    def note_json_body(self, answer: Answer, body: bytes) -> None:
+        """Nothing to read (and no parse): see :meth:`note_answer`."""
+
+
+def _window_messages(payload: dict[str, Any], window: int, notes: dict[str, Any]) -> None:
+    """``history_window`` over ``messages`` (docs/spec.md §12), unless the request marks a
+    prompt-cache breakpoint (docs/spec.md §22)."""
+    if carries_cache_control(payload, "messages", "system", "tools"):
+        return
+    messages: list[Any] = payload["messages"]
+    # the system prompt is a field of its own: every message is history
+    kept = window_items(messages, window, _never, _opens)
+    if kept is not None:
+        payload["messages"] = kept
+        notes["policy.history_window"] = f"{len(messages)}->{len(kept)}"
 
 
 def _note_message(answer: Answer, message: dict[str, Any]) -> None:

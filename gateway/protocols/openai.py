@@ -9,7 +9,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest
-from gateway.protocols.base import Api
+from gateway.protocols.base import Api, carries_cache_control
 
 #: JSON answers bigger than this are embeddings: only their trailing usage object is parsed
 _SMALL_BODY = 64 * 1024
@@ -107,7 +107,10 @@ class ChatCompletions(_OpenAIApi):
 def window_messages(
     payload: dict[str, Any], field: str, window: int, notes: dict[str, Any]
 ) -> None:
-    """``history_window`` (SPEC §12): system/developer messages plus the last ``window`` others."""
+    """``history_window`` (docs/spec.md §12): system/developer messages plus the last
+    ``window`` others; never for a request that marks a prompt-cache breakpoint (§22)."""
+    if carries_cache_control(payload, field, "tools"):
+        return
     messages: list[Any] = payload[field]
     system = [m for m in messages if m.get("role") in ("system", "developer")]
     rest = [m for m in messages if m.get("role") not in ("system", "developer")]

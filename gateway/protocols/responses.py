@@ -20,7 +20,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest, UpstreamStreamError
-from gateway.protocols.base import Api, event_type, window_items
+from gateway.protocols.base import Api, carries_cache_control, event_type, window_items
 
 #: the events a complete stream ends with
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -33,6 +33,8 @@ class Responses(Api):
     operation = "chat"
     cacheable = False  # SPEC §5: not cached (x-gateway-cache: BYPASS)
     max_tokens_fields = ("max_output_tokens",)
+    #: a response lives on the backend that made it (docs/spec.md §22)
+    stateful = True
     end_marker = "a response.completed, response.incomplete or response.failed event"
 
     # ------------------------------------------------------------ requests
@@ -68,7 +70,11 @@ class Responses(Api):
     def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
         notes = super().apply_policies(payload, cfg)
         items = payload.get("input")
-        if cfg.history_window is not None and isinstance(items, list):
+        if (
+            cfg.history_window is not None
+            and isinstance(items, list)
+            and not carries_cache_control(payload, "input", "tools")
+        ):
             kept = window_items(items, cfg.history_window, _pinned, _opens)
             if kept is not None:
                 payload["input"] = kept

@@ -1,0 +1,339 @@
+"""Which backend made a response: stateful Responses routing (docs/spec.md §22).
+
+The Responses API keeps state on the server that answered: a follow-up naming
+``previous_response_id``, and ``GET|DELETE /v1/responses/{id}``, ``POST …/cancel`` and
+``GET …/input_items``, work only on the backend that created that response. Balanced over two
+backends (or two replicas), every second turn would land where the id is unknown. So the
+gateway remembers *response id → backend* and sends those requests to the owner, pinned: the
+owner is tried even when it is ejected (the state lives only there) and its error passes through
+— never a silent re-route to a backend that cannot know the id (docs/architecture.md: state that
+belongs to a backend lives with the backend's health).
+
+Where the mapping lives:
+
+- in this process, always: a bounded LRU with the route's ``response_affinity_ttl_s`` per
+  entry (:class:`MemoryOwners`). Without Redis it is the only copy;
+- in Redis when one is configured (``auth.redis_url``, else the ``[cache]`` Redis), so every
+  replica agrees (:class:`RedisOwners`, ``SET key backend EX ttl``). A lookup asks the local LRU
+  first (an id never changes owner, so a local hit is always right) and Redis on a miss. Each
+  command waits at most the Redis timeout and a circuit breaker stops calling a dead Redis at
+  all: a lookup that Redis cannot answer routes by model, a record it cannot take is kept
+  locally — a dead Redis never fails a request.
+
+What is recorded: the ``id`` of a 200 answer to ``POST /v1/responses`` (the JSON body's, or the
+stream's ``response.created`` event's), read where the protocol already parses the answer
+(:class:`gateway.protocols.responses.Responses` notes it as ``answer.response_id``), and only
+when the request did not say ``store: false`` (such a response is kept nowhere). It is recorded
+*before the answer's first byte reaches the client* (:class:`RecordingWriter`), so a follow-up
+sent the moment the answer arrives — through any replica — finds it. A ``DELETE`` that
+succeeded forgets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final, Protocol, TypeVar
+
+from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.redis import connect
+from gateway.config import Config
+from gateway.context import RequestContext
+from gateway.routes import Backend
+from gateway.types import RawHeaders
+from gateway.writer import ResponseWriter
+
+log = logging.getLogger("gateway")
+
+T = TypeVar("T")
+
+#: entries kept in this process (~200 bytes each): the oldest go first beyond it
+LOCAL_MAX_ENTRIES: Final = 100_000
+#: ids come from clients (previous_response_id, paths): longer ones are never looked up
+MAX_ID_CHARS: Final = 256
+#: the breaker of the ownership client (as the limiter's)
+_BREAKER_FAILURES: Final = 3
+_BREAKER_RESET_S: Final = 5.0
+#: a small pool: one command per stored response and per follow-up
+_MAX_CONNECTIONS: Final = 32
+_PATH_PREFIX: Final = "/v1/responses/"
+
+
+def response_path_id(path: str) -> str | None:
+    """The response id a stateful Responses path names, or None.
+
+    >>> response_path_id("/v1/responses/resp_1"), response_path_id("/v1/responses/resp_1/cancel")
+    ('resp_1', 'resp_1')
+    >>> response_path_id("/v1/responses") is None, response_path_id("/v1/files/x") is None
+    (True, True)
+    """
+    if not path.startswith(_PATH_PREFIX):
+        return None
+    rid = path[len(_PATH_PREFIX) :].split("/", 1)[0]
+    return rid or None
+
+
+class OwnersUnavailable(Exception):
+    """The shared store could not answer (error, timeout, breaker open)."""
+
+
+class OwnerStore(Protocol):
+    """Where response id → backend name is kept."""
+
+    async def get(self, response_id: str) -> str | None:
+        """The owner's name, or None (unknown or expired). May raise OwnersUnavailable."""
+        ...
+
+    async def set(self, response_id: str, backend: str, ttl_s: float) -> None: ...
+
+    async def delete(self, response_id: str) -> None: ...
+
+    def state(self) -> str:
+        """``ok``, or the breaker's state (``open`` / ``half_open``) while Redis is down."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryOwners:
+    """A bounded LRU in this process; each entry expires after its own TTL."""
+
+    __slots__ = ("_clock", "_entries", "max_entries")
+
+    def __init__(
+        self, max_entries: int = LOCAL_MAX_ENTRIES, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_entries = max_entries
+        self._clock = clock
+        #: id -> (backend name, monotonic expiry), least recently used first
+        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_now(self, response_id: str) -> str | None:
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        if entry[1] <= self._clock():
+            del self._entries[response_id]
+            return None
+        self._entries.move_to_end(response_id)
+        return entry[0]
+
+    def set_now(self, response_id: str, backend: str, ttl_s: float) -> None:
+        entries = self._entries
+        entries[response_id] = (backend, self._clock() + ttl_s)
+        entries.move_to_end(response_id)
+        if len(entries) > self.max_entries:
+            entries.popitem(last=False)
+
+    def delete_now(self, response_id: str) -> None:
+        self._entries.pop(response_id, None)
+
+    async def get(self, response_id: str) -> str | None:
+        return self.get_now(response_id)
+
+    async def set(self, response_id: str, backend: str, ttl_s: float) -> None:
+        self.set_now(response_id, backend, ttl_s)
+
+    async def delete(self, response_id: str) -> None:
+        self.delete_now(response_id)
+
+    def state(self) -> str:
+        return "ok"
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+class RedisOwners:
+    """The mapping in Redis (standalone or Cluster: one key per id), shared by the replicas."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_ms: float,
+        *,
+        namespace: str = "default",
+        password: str | None = None,
+        cluster: bool = False,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self._timeout = timeout_ms / 1000.0
+        # connects lazily: a dead Redis never stops a start
+        self._client = connect(
+            url, self._timeout, password=password, cluster=cluster, max_connections=_MAX_CONNECTIONS
+        )
+        self._breaker = breaker or CircuitBreaker(_BREAKER_FAILURES, _BREAKER_RESET_S)
+        self._prefix = f"gateway:response-owner:v1:{namespace}:"
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        breaker = self._breaker
+        if not breaker.allow():
+            raise OwnersUnavailable("circuit breaker open")
+        try:
+            async with asyncio.timeout(self._timeout):
+                reply = await op()
+        except Exception as exc:  # refused, reset, timeouts, cluster errors, Redis errors
+            before = breaker.state
+            breaker.failure()
+            if before == "closed" and breaker.state == "open":  # once per outage
+                log.warning(
+                    "response ownership: Redis unreachable (%s); follow-ups route by the ids "
+                    "this process knows, else by model, until it is back",
+                    type(exc).__name__,
+                )
+            raise OwnersUnavailable(str(exc)) from exc
+        except BaseException:  # cancelled: no verdict
+            breaker.release()
+            raise
+        if breaker.state == "half_open":
+            log.warning("response ownership: Redis is back; replicas share response owners again")
+        breaker.success()
+        return reply
+
+    async def get(self, response_id: str) -> str | None:
+        value = await self._call(lambda: self._client.get(self._prefix + response_id))
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else None
+
+    async def set(self, response_id: str, backend: str, ttl_s: float) -> None:
+        ttl = max(1, int(ttl_s))
+        await self._call(lambda: self._client.set(self._prefix + response_id, backend, ex=ttl))
+
+    async def delete(self, response_id: str) -> None:
+        await self._call(lambda: self._client.delete(self._prefix + response_id))
+
+    def state(self) -> str:
+        state = self._breaker.state
+        return "ok" if state == "closed" else state
+
+    async def aclose(self) -> None:
+        try:
+            await self._client.aclose()
+        except Exception as exc:  # a paused Redis must not hold shutdown up
+            log.warning("closing the response ownership client failed: %r", exc)
+
+
+class Ownership:
+    """Response id → owning backend: the local LRU, then the shared store (if any)."""
+
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        shared: OwnerStore | None = None,
+        local: MemoryOwners | None = None,
+    ) -> None:
+        self._backends = backends
+        self.local = local if local is not None else MemoryOwners()
+        self.shared = shared
+
+    async def owner(self, response_id: object) -> Backend | None:
+        """The backend that made ``response_id`` (None: unknown, expired, not a usable id, or
+        the shared store could not answer — the request then routes by model)."""
+        if not isinstance(response_id, str) or not 0 < len(response_id) <= MAX_ID_CHARS:
+            return None
+        name = self.local.get_now(response_id)
+        if name is None and self.shared is not None:
+            try:
+                name = await self.shared.get(response_id)
+            except OwnersUnavailable:
+                return None
+        # a name this config no longer has: route by model
+        return self._backends.get(name) if name is not None else None
+
+    async def record(self, response_id: str, backend: Backend, ttl_s: float) -> None:
+        if not 0 < len(response_id) <= MAX_ID_CHARS:
+            return
+        self.local.set_now(response_id, backend.name, ttl_s)
+        if self.shared is not None:
+            # kept here; other replicas route it by model while Redis cannot take it
+            with contextlib.suppress(OwnersUnavailable):
+                await self.shared.set(response_id, backend.name, ttl_s)
+
+    async def forget(self, response_id: str) -> None:
+        self.local.delete_now(response_id)
+        if self.shared is not None:
+            # it expires; meanwhile requests for it reach the owner, which answers 404
+            with contextlib.suppress(OwnersUnavailable):
+                await self.shared.delete(response_id)
+
+    def state(self) -> str:
+        """For ``/readyz``: ``memory``, or the shared store's state (never a reason to be
+        unready)."""
+        return "memory" if self.shared is None else f"redis:{self.shared.state()}"
+
+    async def aclose(self) -> None:
+        if self.shared is not None:
+            await self.shared.aclose()
+
+
+class RecordingWriter(ResponseWriter):
+    """The response writer of a ``POST /v1/responses`` whose answer the upstream stores: once
+    the answer's id is known (the JSON body, or the stream's first events, is noted before
+    anything is sent) it is recorded as owned by the answering backend, before the first byte
+    that carries it goes to the client."""
+
+    __slots__ = ("_ownership", "_ttl")
+
+    def __init__(self, out: ResponseWriter, ownership: Ownership, ttl_s: float) -> None:
+        super().__init__(out._ctx, out._send, out._hook)
+        self._ownership: Ownership | None = ownership
+        self._ttl = ttl_s
+
+    async def start(self, status: int, headers: RawHeaders) -> None:
+        if self._ownership is not None:
+            if status == 200:
+                await self._record(self._ctx)
+            else:
+                self._ownership = None  # an error answer: nothing was made
+        await super().start(status, headers)
+
+    async def body(self, data: bytes, more: bool = False) -> None:
+        if self._ownership is not None:
+            await self._record(self._ctx)
+        await super().body(data, more)
+
+    async def _record(self, ctx: RequestContext) -> None:
+        rid = ctx.answer.response_id
+        ownership = self._ownership
+        if rid is None or ownership is None or not ctx.attempts:
+            return  # not known yet (a stream whose first events carry no id): next write
+        self._ownership = None
+        await ownership.record(rid, ctx.attempts[-1].backend, self._ttl)
+
+
+def build_ownership(
+    config: Config, backends: Mapping[str, Backend], environ: Mapping[str, str] | None = None
+) -> Ownership:
+    """Redis when ``auth.redis_url`` names one, else the ``[cache]`` Redis, else memory only."""
+    env = os.environ if environ is None else environ
+    url, password, cluster = config.auth.redis_url, None, False
+    timeout_ms = config.auth.timeout_ms
+    if url is None and config.cache.backend == "redis":
+        url, cluster, timeout_ms = config.cache.url, config.cache.cluster, config.cache.timeout_ms
+        if config.cache.password_env:
+            password = env.get(config.cache.password_env)
+    if url is None:
+        return Ownership(backends)
+    shared = RedisOwners(
+        url, timeout_ms, namespace=config.cache.namespace, password=password, cluster=cluster
+    )
+    return Ownership(backends, shared)
+
+
+__all__ = [
+    "MemoryOwners",
+    "OwnerStore",
+    "OwnersUnavailable",
+    "Ownership",
+    "RecordingWriter",
+    "RedisOwners",
+    "build_ownership",
+    "response_path_id",
+]
