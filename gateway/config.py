@@ -75,6 +75,14 @@ class BackendConfig:
     eject_for_s: float = 30.0
     #: the field ``max_tokens_cap`` sets when the client sent no limit (None: by host, below)
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = None
+    #: the model server's own Prometheus endpoint (vLLM, SGLang; docs/spec.md §21)
+    metrics_url: str | None = None
+    #: its scrape period; the scrape's timeout is the period too
+    metrics_interval_ms: float = 250.0
+    #: waiting requests at which the backend counts as saturated
+    max_queue: int = 5
+    #: KV-cache usage (0..1) at which it counts as saturated
+    max_kv_cache: float = 0.8
 
     @property
     def is_mock(self) -> bool:
@@ -102,12 +110,16 @@ class RouteConfig:
     retry_on_timeout: bool = False
     max_tokens_cap: int | None = None
     history_window: int | None = None
-    #: load balancing over ``backends`` (SPEC §13)
-    strategy: Literal["ordered", "weighted", "least_outstanding"] = "ordered"
+    #: load balancing over ``backends`` (docs/spec.md §13, §21)
+    strategy: Literal["ordered", "weighted", "least_outstanding", "least_loaded"] = "ordered"
     #: with strategy = "weighted", one weight per backend
     weights: tuple[float, ...] | None = None
     #: how long a Responses API id stays routed to the backend that made it (docs/spec.md §22)
     response_affinity_ttl_s: float = 86400.0
+    #: keep a session / a prompt prefix on one backend (rendezvous hashing, docs/spec.md §21)
+    affinity: Literal["none", "session", "prefix"] = "none"
+    #: every backend saturated: 503 backend_saturated instead of the least loaded one
+    shed_when_saturated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +213,18 @@ class AuthKeyConfig:
     tpm: int | None = None
     #: may open the live view (``/_gateway/``) when auth is on
     admin: bool = False
+    #: spend limit in USD per ``budget_period`` (docs/spec.md §20; None: no budget)
+    budget_usd: float | None = None
+    budget_period: Literal["day", "week", "month", "total"] = "month"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A budget shared by every key of one tenant (docs/spec.md §20)."""
+
+    name: str
+    budget_usd: float | None = None
+    budget_period: Literal["day", "week", "month", "total"] = "month"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +236,33 @@ class AuthConfig:
     #: per Redis command of the limiter; a dead Redis costs at most this (then a breaker)
     timeout_ms: float = 50.0
     keys: tuple[AuthKeyConfig, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PriceConfig:
+    """USD per 1M tokens for the models matching ``models`` (docs/spec.md §20)."""
+
+    models: tuple[str, ...]
+    input: float
+    output: float
+    #: prompt tokens served from the provider's prompt cache [input]
+    cached_input: float | None = None
+    #: Anthropic ``cache_creation_input_tokens`` [input]
+    cache_write: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RealtimeConfig:
+    """``GET /v1/realtime`` WebSocket sessions (docs/spec.md §19)."""
+
+    enabled: bool = True
+    #: a bigger message closes the session with 1009
+    max_message_bytes: int = 16 * 1024 * 1024
+    #: no message either way for this long: close 1000 "idle timeout"
+    idle_timeout_s: float = 300.0
+    #: close 1000 "session time limit" after this long
+    max_session_s: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +294,8 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ui: UiConfig = field(default_factory=UiConfig)
+    prices: tuple[PriceConfig, ...] = ()
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
     #: where the config came from (a path, or "<embedded default>")
     source: str = field(default="<text>", compare=False)
     #: the key paths the file or a ``GATEWAY__*`` variable set (``"tracing.protocol"``,
@@ -599,6 +652,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         err("logging.sample_ratio", f"must be within 0..1, got {cfg.logging.sample_ratio}")
     _check_auth(cfg.auth, err)
     _check_ui(cfg.ui, err)
+    _check_prices(cfg.prices, err)
+    err.positive(cfg.realtime, "realtime", "max_message_bytes", "idle_timeout_s", "max_session_s")
 
 
 def _url(url: str) -> SplitResult | None:
@@ -646,7 +701,18 @@ def _check_backends(backends: tuple[BackendConfig, ...], err: _Errors) -> set[st
         err.positive(b, p, "eject_after", allow_zero=True)
         if b.api_key_env is not None and not b.api_key_env:
             err(f"{p}.api_key_env", "must name an environment variable")
+        _check_backend_load(b, p, err)
     return seen
+
+
+def _check_backend_load(b: BackendConfig, p: str, err: _Errors) -> None:
+    if b.metrics_url is not None:
+        murl = _url(b.metrics_url)
+        if murl is None or murl.scheme not in ("http", "https") or not murl.hostname:
+            err(f"{p}.metrics_url", f"must be an http(s) URL, got {b.metrics_url!r}")
+    err.positive(b, p, "metrics_interval_ms", "max_queue")
+    if not 0.0 < b.max_kv_cache <= 1.0:
+        err(f"{p}.max_kv_cache", f"must be within 0..1 (above 0), got {b.max_kv_cache}")
 
 
 def _check_routes(routes: tuple[RouteConfig, ...], backends: set[str], err: _Errors) -> None:
@@ -751,6 +817,33 @@ def _check_auth(a: AuthConfig, err: _Errors) -> None:
             value = getattr(k, name)
             if value is not None and value < 1:
                 err(f"{p}.{name}", "must be >= 1")
+        if k.budget_usd is not None and not k.budget_usd > 0:
+            err(f"{p}.budget_usd", "must be > 0")
+    _check_tenants(a, err)
+
+
+def _check_tenants(a: AuthConfig, err: _Errors) -> None:
+    names: set[str] = set()
+    for i, t in enumerate(a.tenants):
+        p = f"auth.tenants[{i}]"
+        if not t.name:
+            err(f"{p}.name", "must not be empty")
+        elif t.name in names:
+            err(f"{p}.name", f"duplicate tenant {t.name!r}")
+        names.add(t.name)
+        if t.budget_usd is not None and not t.budget_usd > 0:
+            err(f"{p}.budget_usd", "must be > 0")
+
+
+def _check_prices(prices: tuple[PriceConfig, ...], err: _Errors) -> None:
+    for i, price in enumerate(prices):
+        p = f"prices[{i}]"
+        if not price.models or not all(price.models):
+            err(f"{p}.models", "must list at least one non-empty model glob")
+        for name in ("input", "output", "cached_input", "cache_write"):
+            value = getattr(price, name)
+            if value is not None and not value >= 0:
+                err(f"{p}.{name}", "must be >= 0 (USD per 1M tokens)")
 
 
 def _check_ui(ui: UiConfig, err: _Errors) -> None:

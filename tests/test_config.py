@@ -62,6 +62,22 @@ def test_spec_defaults_of_the_new_keys():
     assert cfg.ui == UiConfig(enabled=True, path="/_gateway/", recent=500)
     assert (b.idle_timeout_s, b.max_tokens_field, r.response_affinity_ttl_s) == (30.0, None, 86400)
     assert cfg.logging.format == "json"
+    # spend, fleet and realtime keys (docs/spec.md §19-21)
+    assert (b.metrics_url, b.metrics_interval_ms, b.max_queue, b.max_kv_cache) == (
+        None,
+        250.0,
+        5,
+        0.8,
+    )
+    assert (r.affinity, r.shed_when_saturated) == ("none", False)
+    assert cfg.prices == () and cfg.auth.tenants == ()
+    rt = cfg.realtime
+    assert (rt.enabled, rt.max_message_bytes, rt.idle_timeout_s, rt.max_session_s) == (
+        True,
+        16 * 1024 * 1024,
+        300.0,
+        3600.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -171,6 +187,36 @@ def test_a_config_copied_from_the_spec_sections_is_accepted():
         ),
         ({"auth": {"keys": [{"sha256": "a" * 64}]}}, "auth.keys[0].tenant: required key"),
         ({"auth": {"colour": 1}}, "auth.colour: unknown key"),
+        (
+            {"backends": [{"name": "a", "url": "http://h/v1", "metrics_url": "vllm:8000"}]},
+            "backends[0].metrics_url: must be an http(s) URL",
+        ),
+        (
+            {"backends": [{"name": "a", "url": "http://h/v1", "max_kv_cache": 1.5}]},
+            "backends[0].max_kv_cache: must be within 0..1",
+        ),
+        (
+            {"routes": [{"models": ["*"], "backends": ["a"], "affinity": "sticky"}]},
+            "routes[0].affinity: must be one of",
+        ),
+        (
+            {"prices": [{"models": ["*"], "input": -1, "output": 1}]},
+            "prices[0].input: must be >= 0",
+        ),
+        ({"prices": [{"models": ["*"], "input": 1}]}, "prices[0].output: required key is missing"),
+        (
+            {"auth": {"tenants": [{"name": "t", "budget_usd": 0}]}},
+            "auth.tenants[0].budget_usd: must be > 0",
+        ),
+        (
+            {"auth": {"tenants": [{"name": "t"}, {"name": "t"}]}},
+            "auth.tenants[1].name: duplicate tenant 't'",
+        ),
+        (
+            {"auth": {"keys": [{"tenant": "t", "sha256": "a" * 64, "budget_period": "year"}]}},
+            "auth.keys[0].budget_period: must be one of",
+        ),
+        ({"realtime": {"max_message_bytes": 0}}, "realtime.max_message_bytes: must be > 0"),
         ({"metrics": {"enabled": "yes"}}, "metrics.enabled: expected true or false"),
         ({"ui": {"path": "gateway"}}, "ui.path: must start and end with '/'"),
         ({"ui": {"path": "/v1/x/"}}, "ui.path: must not shadow"),
