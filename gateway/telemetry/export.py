@@ -82,6 +82,9 @@ class EncodedBatch:
 
 
 class BatchExporter(Protocol):
+    #: where batches go, for /readyz and log lines (never with credentials)
+    endpoint: str
+
     def export(self, batch: EncodedBatch) -> bool: ...
 
     def shutdown(self) -> None: ...

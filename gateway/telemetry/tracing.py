@@ -249,7 +249,7 @@ class Tracing:
         q = self.queue
         return {
             "exporter": self.cfg.exporter,
-            "endpoint": getattr(q.exporter, "endpoint", ""),
+            "endpoint": q.exporter.endpoint,
             "state": q.state(),
             "exported": q.exported,
             "failed": q.failed,
