@@ -131,7 +131,7 @@ def test_retrieve_input_items_cancel_and_delete_reach_the_owner(gateway, backend
 
 
 def test_unknown_ids_go_by_model_and_the_answer_passes_through(gateway, backends):
-    a, b, sa, sb = backends
+    a, _, sa, sb = backends
     gw = gateway(gateway_config(two_backend_config(sa.url, sb.url, "weighted")))
     c = client(gw)
     with pytest.raises(openai.NotFoundError) as caught:
@@ -147,7 +147,7 @@ def test_unknown_ids_go_by_model_and_the_answer_passes_through(gateway, backends
 
 
 def test_store_false_creates_no_mapping(gateway, backends):
-    a, b, sa, sb = backends
+    a, _, sa, sb = backends
     gw = gateway(gateway_config(two_backend_config(sa.url, sb.url, "weighted")))
     c = client(gw)
     owners = gw.app.runtime.ownership.local
