@@ -60,7 +60,7 @@ def _add_probe_and_doctor(sub: Any) -> None:
 
     d = sub.add_parser(
         "doctor",
-        help="the slow-response checklist against an OpenAI-compatible base URL (SPEC §17)",
+        help="the slow-response checklist against an OpenAI-compatible base URL (docs/spec.md §17)",
         description="Run the latency checklist against BASE_URL (e.g. http://127.0.0.1:8080/v1). "
         "Exit 0 when no check fails, 1 when one does, 2 when the target cannot be checked.",
     )

@@ -10,8 +10,11 @@ How each row is measured:
 - ``dns``, ``connect``, ``tls``: one :func:`gateway.client.probe.probe` of ``GET {base}/models``
   on a new connection; each value is that step alone (the probe's marks are cumulative, like
   curl's).
-- ``http2`` (reuse): ``--requests`` GETs of ``/models`` on one client; the row counts the
-  connections opened (a new one per request fails) and names the negotiated protocol.
+- ``http2`` (reuse): ``--requests`` GETs of ``/models`` on one client; the value is what was
+  seen (``HTTP/1.1, 1 connection for 5 requests``); ok only when every request succeeded and
+  they shared a connection (a failing request fails, a new connection per request fails).
+- a ``/models`` that answers 404 on a base URL without ``/v1`` while ``BASE/v1/models``
+  answers: the hints (and the error when no ``--model`` was given) say ``did you mean BASE/v1?``.
 - ``ttfb``: a small non-streamed chat completion, headers sent to headers received.
 - ``encoding``: the coding of an answer of at least 1 KiB asked for with ``Accept-Encoding: br,
   zstd, gzip`` (see :func:`_check_encoding` for which answer).
@@ -33,16 +36,19 @@ import contextlib
 import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 import httpx2
 import orjson
 
 from gateway.client.probe import ProbeError, ProbeResult, Target, make_ssl_context, probe
 from gateway.encoding import DecodedTooLarge, DecodeError, UnsupportedEncoding, make_decoder
+from gateway.streaming.sse import DONE, SSEParser, event_data
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -267,10 +273,11 @@ def run(options: Options) -> Report:
     checks = _network_checks(target, result, marks, th)
 
     with _Session(base, options) as session:
-        reuse, models = _check_reuse(session, options.requests)
+        reuse, listing = _check_reuse(session, options.requests)
+        models = listing.models
         model = options.model or _pick(models, embedding=False)
         if model is None:
-            raise DoctorError(f"{base}: GET /models listed no model ({reuse.detail}); pass --model")
+            raise DoctorError(_no_model(session, listing))
         ttfb, answer = _check_ttfb(session, model, th)
         encoding = _check_encoding(session, model, answer, _pick(models, embedding=True))
         streaming, stream = _check_streaming(session, model, th)
@@ -365,8 +372,9 @@ class _Answer:
     def ok(self) -> bool:
         return 200 <= self.status < 300
 
-    def error(self) -> str:
-        """``HTTP 401: Invalid API key`` from an OpenAI-shaped error body (or just the status)."""
+    def error(self, not_found: str) -> str:
+        """``HTTP 401: Invalid API key`` from an OpenAI-shaped error body (or just the status);
+        ``not_found`` is what a 404 probably means (see :meth:`_Session.check_base`)."""
         message = ""
         try:
             obj = orjson.loads(self.body)
@@ -378,7 +386,7 @@ class _Answer:
         if self.status in (401, 403):
             text += " (pass the key's env var with --api-key-env)"
         elif self.status == 404:
-            text += " (check the base URL ends in /v1, and --model)"
+            text += f" ({not_found})"
         return text
 
 
@@ -392,6 +400,11 @@ class _Session:
     def __init__(self, base: str, options: Options) -> None:
         self.base = base
         self.connections = 0
+        #: what a 404 probably means; :meth:`check_base` sharpens it
+        self.not_found = "check --model and the base URL"
+        #: ``did you mean BASE/v1?`` once :meth:`check_base` found the API there
+        self.v1_hint: str | None = None
+        self._base_checked = False
         headers = {"user-agent": USER_AGENT}
         if options.api_key:
             headers["authorization"] = f"Bearer {options.api_key}"
@@ -408,6 +421,20 @@ class _Session:
 
     def __exit__(self, *exc: object) -> None:
         self.client.close()
+
+    def error(self, answer: _Answer) -> str:
+        return answer.error(self.not_found)
+
+    def check_base(self) -> None:
+        """After a 404 (once): when the base lacks ``/v1`` and ``BASE/v1/models`` answers, every
+        404 hint says ``did you mean BASE/v1?``."""
+        if self._base_checked or urlsplit(self.base).path.endswith("/v1"):
+            return
+        self._base_checked = True
+        self.not_found = "an OpenAI-compatible base URL usually ends in /v1"
+        with contextlib.suppress(_RequestFailed):
+            if self.fetch("GET", "/v1/models").ok:
+                self.v1_hint = self.not_found = f"did you mean {self.base}/v1?"
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         if event == "connection.connect_tcp.complete":
@@ -506,39 +533,72 @@ def _pick(models: list[str], *, embedding: bool) -> str | None:
 # ---------------------------------------------------------------- http2 / reuse
 
 
-def _check_reuse(session: _Session, n: int) -> tuple[Check, list[str]]:
+#: the http2 row's threshold: N requests on one client reuse one connection
+REUSE: Final = "1 connection"
+
+
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    """What ``GET /models`` said: the model ids, or why there are none."""
+
+    models: list[str]
+    error: str = ""
+
+
+def _check_reuse(session: _Session, n: int) -> tuple[Check, _Listing]:
+    """``n`` GETs of ``/models`` on one client: the protocol, and connections opened for them."""
     before = session.connections
-    statuses: list[int] = []
-    version = "?"
-    models: list[str] = []
+    answers: list[_Answer] = []
     for _ in range(n):
         try:
-            answer = session.fetch("GET", "/models")
+            answers.append(session.fetch("GET", "/models"))
         except _RequestFailed as exc:
             hint = f"the requests failed: {exc}"
-            return Check("http2", None, "conn", 1.0, "fail", hint), models
-        statuses.append(answer.status)
-        version = answer.http_version
-        if answer.ok and not models:
-            models = _model_ids(answer.body)
+            return Check("http2", None, None, REUSE, "fail", hint), _Listing([], str(exc))
     opened = session.connections - before
-    seen = ", ".join(sorted({str(s) for s in statuses}))
-    detail = f"{version}, {n} requests (HTTP {seen}) on {opened} connection" + (
-        "s" if opened != 1 else ""
-    )
-    if session.base.startswith("https") and version != "HTTP/2":
+    failed = next((a for a in answers if not a.ok), None)
+    if failed is not None and failed.status == 404:
+        session.check_base()
+    error = session.error(failed) if failed is not None else ""
+    listing = _Listing(next((_model_ids(a.body) for a in answers if a.ok), []), error)
+    return _judge_reuse(session, answers, opened, error), listing
+
+
+def _judge_reuse(session: _Session, answers: list[_Answer], opened: int, error: str) -> Check:
+    """ok only when every request succeeded and they shared a connection; the value says what
+    was seen (``HTTP/1.1, 1 connection for 5 requests``)."""
+    n = len(answers)
+    protocols = "/".join(sorted({a.http_version for a in answers}))
+    value = f"{protocols}, {opened} connection{'s' if opened != 1 else ''} for {n} requests"
+    statuses = Counter(a.status for a in answers)
+    detail = "GET /models: " + ", ".join(f"HTTP {s} x{c}" for s, c in sorted(statuses.items()))
+    if session.base.startswith("https") and protocols != "HTTP/2":
         detail += "; the server did not negotiate h2"
-    value = float(opened)
+
+    def row(verdict: Verdict, hint: str = "") -> Check:
+        return Check("http2", value, None, REUSE, verdict, hint, detail)
+
+    if error:
+        return row("fail", f"GET /models answered {error}: reuse counts only on answers that work")
+    if n < 2:
+        return row("skip")
     if opened <= 1:
-        return Check("http2", value, "conn", 1.0, "ok", "", detail), models
+        return row("ok")
     if opened >= n:
-        hint = (
+        return row(
+            "fail",
             "a new connection per request: every call pays connect + TLS again; enable "
-            "keep-alive (no Connection: close, a keepalive timeout > 0) or HTTP/2"
+            "keep-alive (no Connection: close, a keepalive timeout > 0) or HTTP/2",
         )
-        return Check("http2", value, "conn", 1.0, "fail", hint, detail), models
-    hint = "the server closed kept-alive connections early: raise its keepalive requests/timeout"
-    return Check("http2", value, "conn", 1.0, "warn", hint, detail), models
+    return row("warn", "the server closed kept-alive connections early: raise its keepalive limits")
+
+
+def _no_model(session: _Session, listing: _Listing) -> str:
+    """The one line when no model is known: the base URL's missing /v1 first, else --model."""
+    if session.v1_hint is not None:
+        return f"{session.base}: GET /models answered 404: {session.v1_hint}"
+    why = listing.error or "it listed none"
+    return f"{session.base}: GET /models gave no model ({why}); pass --model"
 
 
 def _model_ids(body: bytes) -> list[str]:
@@ -567,7 +627,7 @@ def _check_ttfb(
     ms = answer.ttfb * 1000
     detail = f"HTTP {answer.status}, {len(answer.body)} B, max_tokens {TTFB_MAX_TOKENS}"
     if not answer.ok:
-        return Check("ttfb", ms, "ms", limit, "fail", answer.error(), detail), answer
+        return Check("ttfb", ms, "ms", limit, "fail", session.error(answer), detail), answer
     hint = (
         "a non-streamed answer waits for the whole generation: stream: true, a lower "
         "max_tokens, or a closer / less loaded backend"
@@ -643,7 +703,7 @@ def _big_answer(
             errors.append(str(exc))
             continue
         if not candidate.ok:
-            errors.append(f"{what}: {candidate.error()}")
+            errors.append(f"{what}: {session.error(candidate)}")
             continue
         largest = max(largest, len(candidate.body))
         if len(candidate.body) >= MIN_ENCODED_BYTES:
@@ -678,32 +738,38 @@ class StreamShape:
 
 
 def stream_shape(reads: Sequence[tuple[float, bytes]]) -> StreamShape:
-    """Split decoded reads into SSE events; each event gets the time of the read completing it.
+    """Split decoded reads into SSE events (:class:`~gateway.streaming.sse.SSEParser`, the
+    gateway's own: lines end with LF, CRLF or CR); each event gets the time of the read that
+    completed it.
 
     >>> s = stream_shape([(0.5, b'data: {"choices": [{"delta": {"content": "a"}}]}\\n\\n'),
-    ...                   (0.6, b"data: [DONE]\\n\\n")])
+    ...                   (0.6, b"data: [DONE]\\r\\r")])
     >>> s.arrivals, s.ttft, s.done
     ([0.5, 0.6], 0.5, True)
     """
+    parser = SSEParser()
+    stamped: list[tuple[float, bytes]] = []
+    last = 0.0
+    for at, data in reads:
+        # a blank line ended by a CR at the end of the last read: its event was complete then,
+        # the parser only waited to see whether an LF followed (CRLF)
+        held = parser.pending[-2:] in (b"\r\r", b"\n\r")
+        events = parser.feed(data)
+        stamped += [(last if i == 0 and held else at, raw) for i, raw in enumerate(events)]
+        last = at
+    stamped += [(last, raw) for raw in parser.finish()]
     arrivals: list[float] = []
     ttft: float | None = None
     done = False
-    pending = b""
-    for at, data in reads:
-        pending = (pending + data).replace(b"\r\n", b"\n")
-        *events, pending = pending.split(b"\n\n")
-        for event in events:
-            payloads = [
-                line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-            ]
-            if not payloads:
-                continue  # a comment or keep-alive
-            arrivals.append(at)
-            payload = b"\n".join(payloads)
-            if payload == b"[DONE]":
-                done = True
-            elif ttft is None and _has_content(payload):
-                ttft = at
+    for at, raw in stamped:
+        payload = event_data(raw)
+        if payload is None:
+            continue  # a comment or keep-alive
+        arrivals.append(at)
+        if payload == DONE:
+            done = True
+        elif ttft is None and _has_content(payload):
+            ttft = at
     return StreamShape(arrivals, ttft, done)
 
 
@@ -745,7 +811,7 @@ def _check_streaming(
     except _RequestFailed as exc:
         return Check("streaming", None, "ms", limit, "fail", str(exc)), None
     if not answer.ok:
-        return Check("streaming", None, "ms", limit, "fail", answer.error()), answer
+        return Check("streaming", None, "ms", limit, "fail", session.error(answer)), answer
     content_type = answer.headers.get("content-type", "")
     if not content_type.lower().startswith("text/event-stream"):
         hint = f"stream: true was answered as {content_type or 'no content type'}, not SSE"
@@ -865,7 +931,7 @@ def _check_cache(session: _Session, model: str) -> Check:
         except _RequestFailed as exc:
             return Check("cache", None, None, "HIT", "fail", str(exc))
         if not answer.ok:
-            return Check("cache", None, None, "HIT", "fail", answer.error())
+            return Check("cache", None, None, "HIT", "fail", session.error(answer))
         state = answer.headers.get("x-gateway-cache")
         if state is None:
             detail = "no x-gateway-cache header: not a gateway with a response cache"

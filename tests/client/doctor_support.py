@@ -73,13 +73,16 @@ def openai_upstream(
     events: int = 10,
     close: bool = False,
     models_status: int = 200,
+    eol: bytes = b"\n",
 ) -> Handler:
     """An OpenAI-compatible upstream written byte for byte.
 
     ``stream``: ``paced`` sends one event every ``gap_s``; ``buffered`` waits ``wait_s`` and then
     sends the whole stream in one write (what a buffering proxy delivers); ``no-done`` paces but
-    ends without ``data: [DONE]``. ``close`` answers ``Connection: close`` and closes every
-    connection. Embeddings are a 256-float vector (about 5 KB, never compressed).
+    ends without ``data: [DONE]``. ``eol`` ends the stream's lines (LF, CRLF or CR: WHATWG
+    allows all three). ``close`` answers ``Connection: close`` and closes every connection.
+    Embeddings are a 256-float vector (about 5 KB, never compressed). Paths outside ``/v1``
+    answer 404, like the public APIs.
     """
     extra = [("connection", "close")] if close else []
 
@@ -107,7 +110,8 @@ def openai_upstream(
             writer.write(http_response(200, orjson.dumps(answer), extra=extra))
             return not close
         if path != "/v1/chat/completions":
-            writer.write(http_response(400, b'{"error": {"message": "unknown path"}}', extra=extra))
+            err = b'{"error": {"message": "unknown path", "type": "invalid_request_error"}}'
+            writer.write(http_response(404, err, extra=extra))
             return not close
         if body.get("stream") is not True:
             answer = {
@@ -126,10 +130,11 @@ def openai_upstream(
             }
             writer.write(http_response(200, orjson.dumps(answer), extra=extra))
             return not close
-        pieces = [chunk(chat_chunk(f" w{i}")) for i in range(events)]
-        pieces.append(chunk(chat_chunk(None, finish="stop")))
+        sse = [chat_chunk(f" w{i}") for i in range(events)]
+        sse.append(chat_chunk(None, finish="stop"))
         if stream != "no-done":
-            pieces.append(chunk(b"data: [DONE]\n\n"))
+            sse.append(b"data: [DONE]\n\n")
+        pieces = [chunk(event.replace(b"\n", eol)) for event in sse]
         pieces.append(LAST_CHUNK)
         if stream == "buffered":
             await asyncio.sleep(wait_s)

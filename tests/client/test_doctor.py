@@ -3,6 +3,7 @@ loopback."""
 
 from __future__ import annotations
 
+import openai
 import orjson
 import pytest
 
@@ -42,7 +43,9 @@ def test_gateway_in_front_of_a_paced_upstream_passes_every_check(gateway, paced_
     out, report = doctor_json(gw.base_url)
     assert out.returncode == 0, out.stdout
     assert report["target"] == gw.base_url
-    assert report["model"] == "mock-gpt-4o"  # the first chat model GET /models lists
+    with openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0) as sdk:
+        listed = [m.id for m in sdk.models.list()]
+    assert report["model"] == next(m for m in listed if "embed" not in m)  # the first chat model
     assert [c["name"] for c in report["checks"]] == CHECKS
     assert all(set(c) == KEYS for c in report["checks"])
     checks = checks_by_name(report)
@@ -50,7 +53,7 @@ def test_gateway_in_front_of_a_paced_upstream_passes_every_check(gateway, paced_
     for name in CHECKS:
         if name != "tls":
             assert checks[name]["verdict"] == "ok", checks[name]
-    assert checks["http2"]["value"] == 1  # five requests, one connection
+    assert checks["http2"]["value"] == "HTTP/1.1, 1 connection for 5 requests"
     assert checks["encoding"]["value"] in ("br", "zstd", "gzip")
     stream = checks["streaming"]
     assert "[DONE]" in stream["detail"] and "no [DONE]" not in stream["detail"]
@@ -157,7 +160,7 @@ def test_a_new_connection_per_request_fails_http2(upstream):
     assert out.returncode == 1
     reuse = checks_by_name(report)["http2"]
     assert reuse["verdict"] == "fail"
-    assert reuse["value"] == 3
+    assert reuse["value"] == "HTTP/1.1, 3 connections for 3 requests"
     assert "keep-alive" in reuse["hint"]
 
 
@@ -195,6 +198,67 @@ def test_no_model_listing_needs_model(upstream):
     assert checks_by_name(report)["ttfb"]["verdict"] == "ok"
 
 
+@pytest.mark.parametrize(
+    ("mode", "eol"),
+    [("paced", b"\r\n"), ("paced", b"\r"), ("buffered", b"\r")],
+    ids=["paced-crlf", "paced-cr", "buffered-cr"],
+)
+def test_cr_and_crlf_streams_are_judged_like_lf_ones(upstream, mode, eol):
+    """WHATWG event streams end lines with LF, CRLF or CR; the doctor reads all three alike."""
+
+    def streaming_row(line_end: bytes) -> dict[str, object]:
+        up = upstream(openai_upstream(mode, gap_s=0.02, wait_s=0.3, eol=line_end))
+        _, report = doctor_json(up.url)
+        row = checks_by_name(report)["streaming"]
+        return {
+            "verdict": row["verdict"],
+            "hint": row["hint"],
+            "events": row["detail"].split(",")[0],
+            "done": "no [DONE]" not in row["detail"],
+        }
+
+    lf = streaming_row(b"\n")
+    assert lf == {
+        "verdict": "ok" if mode == "paced" else "fail",
+        "hint": lf["hint"],
+        "events": "12 events",  # ten words, the finish chunk, [DONE]
+        "done": True,
+    }
+    assert streaming_row(eol) == lf
+
+
+def test_a_base_url_without_v1_is_named_instead_of_model(gateway, mock_upstream):
+    gw = gateway(config_for(mock_upstream.url + "/v1"))
+    out = run_cli("doctor", gw.url)  # http://127.0.0.1:PORT, no /v1: GET /models is a 404
+    assert out.returncode == 2
+    assert f"did you mean {gw.url}/v1?" in out.stderr, out.stderr
+    assert "--model" not in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_without_v1_and_with_model_the_failing_rows_name_v1(upstream):
+    up = upstream(openai_upstream())
+    root = up.url.removesuffix("/v1")
+    out, report = doctor_json(root, "--model", CHAT_MODEL)
+    assert out.returncode == 1
+    checks = checks_by_name(report)
+    for name in ("http2", "ttfb", "streaming"):
+        assert checks[name]["verdict"] == "fail", checks[name]
+        assert f"did you mean {up.url}?" in checks[name]["hint"], checks[name]
+
+
+def test_http2_row_is_not_ok_when_the_answers_fail(upstream):
+    """One connection for five 404s is no evidence of a healthy connection: not ok."""
+    up = upstream(openai_upstream(models_status=404))
+    out, report = doctor_json(up.url, "--model", CHAT_MODEL)
+    reuse = checks_by_name(report)["http2"]
+    assert reuse["value"] == "HTTP/1.1, 1 connection for 5 requests"
+    assert reuse["verdict"] == "fail"
+    assert "HTTP 404" in reuse["hint"]
+    assert checks_by_name(report)["ttfb"]["verdict"] == "ok"  # the chat path itself answers
+    assert out.returncode == 1
+
+
 def test_https_and_http2_rows(tmp_path):
     server = TlsMockServer(tmp_path).start()
     try:
@@ -205,7 +269,7 @@ def test_https_and_http2_rows(tmp_path):
     assert checks["tls"]["verdict"] == "ok"
     assert checks["tls"]["detail"] == "TLSv1.3, ALPN h2"
     assert checks["http2"]["verdict"] == "ok"
-    assert checks["http2"]["detail"].startswith("HTTP/2, 5 requests")
+    assert checks["http2"]["value"] == "HTTP/2, 1 connection for 5 requests"
     assert checks["streaming"]["verdict"] == "ok", checks["streaming"]
     assert out.returncode == 0, out.stdout
 
@@ -222,6 +286,18 @@ def test_stream_shape_splits_events_across_reads_and_line_endings():
     shape = stream_shape(reads)
     assert shape.arrivals == [0.020, 0.030, 0.030]
     assert shape.ttft == 0.030
+    assert shape.done
+
+
+def test_stream_shape_cr_only_events_keep_the_time_of_their_read():
+    reads = [
+        (0.010, b'data: {"choices": [{"delta": {"content": "Hi"}}]}\r\r'),
+        (0.020, b'data: {"choices": [{"delta": {"content": "!"}}]}\r\r'),
+        (0.030, b": keep-alive\r\rdata: [DONE]\r\r"),
+    ]
+    shape = stream_shape(reads)
+    assert shape.arrivals == [0.010, 0.020, 0.030]
+    assert shape.ttft == 0.010
     assert shape.done
 
 
