@@ -14,13 +14,21 @@ add up to ``edge_ms + request_ms`` (``total_ms``) and the gateway's own segments
 ``request_ms``. Segments, in order (SPEC §6 points, the same intervals as the spans)::
 
     <edge hop>...  header time of hop i -> hop i+1 (the last ends at received)   "hop cdn", ...
-    auth           received      -> auth_done                                    "hop auth"
+    intake         received      -> intake_done (the server's parsing, dispatch) "hop intake"
+    auth           intake_done   -> auth_done                                    "hop auth"
     router         auth_done     -> routed (body read, parse, route, cache lookup) "hop router"
     gateway        routed        -> first attempt's start (preparing the attempt)
     upstream       attempt start -> attempt end, one per attempt               CLIENT spans
-    backoff        attempt end   -> next attempt's start (retry delay)
+    gateway        attempt end   -> the wait before the next one (settling, deciding)
+    backoff        the wait      -> next attempt's start (retry backoff, Retry-After)
     relay          last attempt's end -> done (the rest of the answer to the client)
     replay         routed -> done when the answer came from the cache (or a shared flight)
+
+A request that waited between attempts (``Timeline.backoff``, docs/spec.md §6) draws its wait
+at the end of each gap between two attempts (the wait comes right before the next attempt);
+the Timeline keeps the total only, so when it waited more than once the total is shared among
+the gaps in proportion to their length. ``overhead_ms`` is ``request_ms - upstream_ms -
+backoff_ms``: a wait is neither the upstream's time nor the gateway's own.
 
 ``details`` are drawn inside those segments and not counted in the sum: ``cache lookup`` (inside
 router) and ``cache store`` (after the answer went out). Points the request never reached are
@@ -58,6 +66,7 @@ _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str
     _SEQ,
     _WALL_NS,
     _RECEIVED,
+    _INTAKE_DONE,
     _AUTH_DONE,
     _ROUTED,
     _CLIENT_FIRST_BYTE,
@@ -79,7 +88,8 @@ _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str
     _TOKENS,
     _EDGE_MARKS,
     _CONTENT,
-) = range(24)
+    _BACKOFF,
+) = range(26)
 
 
 def _attempt_row(a: Attempt) -> _AttemptRow:
@@ -107,6 +117,7 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         seq,
         t.wall_ns,
         t.received,
+        t.intake_done,
         t.auth_done,
         t.routed,
         t.client_first_byte,
@@ -128,6 +139,7 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         (answer.input_tokens, answer.output_tokens),
         tuple(ctx.edge_marks.items()) if ctx.edge_marks else (),
         _content(ctx) if capture else None,
+        t.backoff,
     )
 
 
@@ -195,10 +207,11 @@ _Interval = tuple[str, str, float, float, dict[str, Any]]
 
 def _gateway_intervals(snap: tuple[Any, ...]) -> Iterator[_Interval]:
     """(name, kind, start, end, extra) in perf_counter seconds, as the spans draw them."""
-    received, auth_done, routed = snap[_RECEIVED], snap[_AUTH_DONE], snap[_ROUTED]
+    intake_done, auth_done, routed = snap[_INTAKE_DONE], snap[_AUTH_DONE], snap[_ROUTED]
     done = snap[_DONE]
     attempts: Sequence[_AttemptRow] = snap[_ATTEMPTS]
-    yield "auth", "gateway", received, auth_done if auth_done is not None else done, {}
+    yield "intake", "gateway", snap[_RECEIVED], intake_done, {}
+    yield "auth", "gateway", intake_done, auth_done if auth_done is not None else done, {}
     if auth_done is None:
         return
     router_end = routed
@@ -212,24 +225,43 @@ def _gateway_intervals(snap: tuple[Any, ...]) -> Iterator[_Interval]:
         yield "upstream", "upstream", start, end if end is not None else done, extra
 
 
+def _clamped(snap: tuple[Any, ...]) -> list[tuple[float, _Interval, bool]]:
+    """The intervals made to follow each other inside [received, done], each with where the
+    one before it ended and whether the gap between them lies between two attempts."""
+    done = snap[_DONE]
+    cursor = snap[_RECEIVED]
+    previous = ""
+    out = []
+    for name, kind, start, end, extra in _gateway_intervals(snap):
+        s = min(max(start, cursor), done)
+        e = min(max(end, s), done)
+        out.append((cursor, (name, kind, s, e, extra), previous == name == "upstream"))
+        cursor, previous = e, name
+    return out
+
+
 def waterfall(snap: tuple[Any, ...], clock: _Clock | None = None) -> list[dict[str, Any]]:
     """The segments that tile the request (see the module docstring)."""
     clock = clock or _Clock(snap)
     out = _edge_segments(snap, clock)
     done = snap[_DONE]
+    intervals = _clamped(snap)
+    # the waits, shared among the gaps between attempts (the Timeline keeps their total)
+    between = sum(iv[2] - cursor for cursor, iv, retry in intervals if retry)
+    share = min(1.0, snap[_BACKOFF] / between) if between > 0 else 0.0
     cursor = snap[_RECEIVED]
-    previous = ""
-    for name, kind, start, end, extra in _gateway_intervals(snap):
-        s = min(max(start, cursor), done)
-        e = min(max(end, s), done)
-        if s > cursor:  # between two intervals: preparing an attempt, or a retry's backoff
-            gap = "backoff" if previous == "upstream" else "gateway"
-            out.append(_segment(gap, "gap", clock.at(cursor), clock.at(s)))
+    for cursor, (name, kind, s, e, extra), retry in intervals:
+        if s > cursor:  # between two intervals: preparing an attempt, waiting to retry
+            wait_from = max(cursor, s - (s - cursor) * share) if retry else s
+            if wait_from > cursor:
+                out.append(_segment("gateway", "gap", clock.at(cursor), clock.at(wait_from)))
+            if s > wait_from:
+                out.append(_segment("backoff", "backoff", clock.at(wait_from), clock.at(s)))
         first_byte = extra.pop("first_byte", None)
         if first_byte is not None:
             extra["first_byte_ms"] = _r(clock.at(min(max(first_byte, s), e)))
         out.append(_segment(name, kind, clock.at(s), clock.at(e), **extra))
-        cursor, previous = e, name
+        cursor = e
     if cursor < done:
         tail = "relay" if snap[_ATTEMPTS] else "replay" if snap[_ROUTED] is not None else "respond"
         out.append(_segment(tail, "gateway", clock.at(cursor), clock.at(done)))
@@ -260,10 +292,13 @@ def _timings(snap: tuple[Any, ...]) -> dict[str, Any]:
     for a in snap[_ATTEMPTS]:
         upstream_s += (a[4] if a[4] is not None else done) - a[2]
     first = snap[_FIRST_CONTENT]
+    backoff_s = snap[_BACKOFF]
     return {
         "request_ms": _r(request_s * 1000),
         "upstream_ms": _r(upstream_s * 1000),
-        "overhead_ms": _r(max(0.0, request_s - upstream_s) * 1000),
+        "backoff_ms": _r(backoff_s * 1000),
+        # a wait between attempts is neither the upstream's time nor the gateway's own
+        "overhead_ms": _r(max(0.0, request_s - upstream_s - backoff_s) * 1000),
         "ttft_ms": _r((first - received) * 1000) if first is not None else None,
     }
 

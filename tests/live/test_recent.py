@@ -26,6 +26,7 @@ WALL = 1_700_000_000.0  # epoch seconds of `received`
 
 def context(
     *,
+    intake: float = 0.0005,
     auth: float | None = 0.001,
     routed: float | None = 0.003,
     attempts: tuple | list = (),
@@ -44,6 +45,7 @@ def context(
     }
     t = Timeline()
     t.received, t.wall_ns = T0, int(WALL * 1e9)
+    t.intake_done = T0 + intake
     t.auth_done = T0 + auth if auth is not None else None
     t.routed = T0 + routed if routed is not None else None
     t.done = T0 + done
@@ -84,47 +86,65 @@ def assert_tiles(rec: dict) -> None:
     assert sum(gateway) == pytest.approx(rec["request_ms"], abs=0.001 * len(hops))
 
 
-def test_a_json_request_tiles_auth_router_upstream_relay():
+def test_a_json_request_tiles_intake_auth_router_upstream_relay():
     rec = record(context(attempts=[(0.004, 0.030, 0.040)]))
-    assert names(rec) == ["auth", "router", "gateway", "upstream", "relay"]
-    assert [h["dur_ms"] for h in rec["hops"]] == [1.0, 2.0, 1.0, 36.0, 10.0]
-    up = rec["hops"][3]
+    assert names(rec) == ["intake", "auth", "router", "gateway", "upstream", "relay"]
+    # auth is measured from intake_done (the request handed to the app), not from received
+    assert [h["dur_ms"] for h in rec["hops"]] == [0.5, 0.5, 2.0, 1.0, 36.0, 10.0]
+    up = rec["hops"][4]
     assert (up["backend"], up["attempt"], up["status"], up["first_byte_ms"]) == ("b", 1, 200, 30.0)
     assert (rec["request_ms"], rec["upstream_ms"], rec["overhead_ms"]) == (50.0, 36.0, 14.0)
     assert rec["backend"] == "b" and rec["route"] == "r" and rec["model"] == "m"
     assert_tiles(rec)
 
 
+RETRIED = [(0.004, 0.005, 0.006), (0.010, 0.011, 0.012), (0.020, 0.021, 0.045)]
+
+
 def test_retries_show_their_backoff_and_edge_hops_come_first():
-    ctx = context(
-        attempts=[(0.004, 0.005, 0.006), (0.010, 0.011, 0.012), (0.020, 0.021, 0.045)],
-        edges=[("cdn", 0.030), ("lb", 0.010)],
-    )
+    ctx = context(attempts=RETRIED, edges=[("cdn", 0.030), ("lb", 0.010)])
     ctx.attempts[0].status = 503
     ctx.attempts[1].error = UpstreamError("reset", code="upstream_reset")
+    ctx.timeline.backoff = 0.009  # waited 9 ms in all, in gaps of 4 and 8 ms
     rec = record(ctx)
     assert names(rec) == [
         "cdn",
         "lb",
+        "intake",
         "auth",
         "router",
         "gateway",
         "upstream",
+        "gateway",
         "backoff",
         "upstream",
+        "gateway",
         "backoff",
         "upstream",
         "relay",
     ]
     assert rec["edge_ms"] == 30.0 and rec["total_ms"] == 80.0
     assert [h["dur_ms"] for h in rec["hops"][:2]] == [20.0, 10.0]
-    assert [h["dur_ms"] for h in rec["hops"] if h["name"] == "backoff"] == [4.0, 8.0]
+    # the wait ends each gap (it comes right before the next attempt), its total shared
+    backoff = [h for h in rec["hops"] if h["kind"] == "backoff"]
+    assert [(h["start_ms"], h["dur_ms"]) for h in backoff] == [(37.0, 3.0), (44.0, 6.0)]
     assert [a["error"] for a in rec["attempts"]] == [
         None,
         {"type": "upstream_reset", "message": "reset"},
         None,
     ]
     assert rec["upstream_ms"] == 2.0 + 2.0 + 25.0
+    assert rec["backoff_ms"] == 9.0
+    # overhead = request - upstream - backoff (docs/spec.md §6)
+    assert rec["overhead_ms"] == 50.0 - 29.0 - 9.0
+    assert_tiles(rec)
+
+
+def test_without_a_wait_the_gap_between_attempts_is_the_gateways():
+    rec = record(context(attempts=RETRIED))
+    assert "backoff" not in names(rec)
+    assert [h["kind"] for h in rec["hops"] if h["start_ms"] in (6.0, 12.0)] == ["gap", "gap"]
+    assert rec["backoff_ms"] == 0.0 and rec["overhead_ms"] == 50.0 - 29.0
     assert_tiles(rec)
 
 
@@ -133,7 +153,7 @@ def test_a_cache_hit_replays_and_the_store_is_a_detail():
     ctx.cache.result = "hit"
     ctx.cache.lookup_start, ctx.cache.lookup_end = T0 + 0.002, T0 + 0.0025
     rec = record(ctx)
-    assert names(rec) == ["auth", "router", "replay"]
+    assert names(rec) == ["intake", "auth", "router", "replay"]
     assert rec["details"] == [
         {
             "name": "cache lookup",
@@ -150,14 +170,14 @@ def test_a_cache_hit_replays_and_the_store_is_a_detail():
 
 
 def test_refused_early_the_hops_end_where_the_request_did():
-    assert names(record(context(auth=None, routed=None))) == ["auth"]
+    assert names(record(context(auth=None, routed=None))) == ["intake", "auth"]
     rec = record(context(routed=None))
-    assert names(rec) == ["auth", "router"] and rec["hops"][1]["dur_ms"] == 49.0
+    assert names(rec) == ["intake", "auth", "router"] and rec["hops"][2]["dur_ms"] == 49.0
 
 
 def test_an_attempt_ending_after_done_is_cut_at_done():
     rec = record(context(attempts=[(0.004, 0.010, 0.060)]))
-    assert names(rec) == ["auth", "router", "gateway", "upstream"]
+    assert names(rec) == ["intake", "auth", "router", "gateway", "upstream"]
     assert_tiles(rec)
 
 
@@ -166,23 +186,32 @@ _offset = st.floats(min_value=0.0, max_value=0.2, allow_nan=False)
 
 @settings(max_examples=300, deadline=None)
 @given(
+    intake=_offset,
+    backoff=_offset,
     auth=st.none() | _offset,
     routed=st.none() | _offset,
     attempts=st.lists(st.tuples(_offset, st.none() | _offset, st.none() | _offset), max_size=4),
     done=_offset,
     edges=st.lists(st.floats(min_value=-2.0, max_value=70.0, allow_nan=False), max_size=3),
 )
-def test_the_waterfall_always_tiles_the_request(auth, routed, attempts, done, edges):
-    # points in any order (skewed proxies, attempts cut at done, unreached points): the bars
-    # still follow each other, never negative, and add up to the request
+def test_the_waterfall_always_tiles_the_request(
+    intake, backoff, auth, routed, attempts, done, edges
+):
+    # points in any order (skewed proxies, attempts cut at done, unreached points), any wait:
+    # the bars still follow each other, never negative, and add up to the request
     ctx = context(
+        intake=intake,
         auth=auth,
         routed=routed,
         attempts=attempts,
         done=done,
         edges=[(f"e{i}", ago) for i, ago in enumerate(sorted(edges, reverse=True))],
     )
-    assert_tiles(record(ctx))
+    ctx.timeline.backoff = backoff
+    rec = record(ctx)
+    assert_tiles(rec)
+    drawn = sum(h["dur_ms"] for h in rec["hops"] if h["kind"] == "backoff")
+    assert drawn <= rec["backoff_ms"] + 0.001 * len(rec["hops"])
 
 
 def test_the_buffer_is_bounded_newest_first_and_keeps_no_request_alive():
