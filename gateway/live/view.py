@@ -1,26 +1,31 @@
-"""The built-in live view (SPEC §18): recent requests and their hop waterfall, in the browser.
+"""The built-in live view (docs/spec.md §18): recent requests and their hop waterfall.
 
 Endpoints under ``[ui] path`` (``/_gateway/``), all answered here, outside any request scope:
 
-=======================  ============================================================
-``GET {path}``           the page (``gateway/ui/index.html`` + ``live.js`` + ``live.css``)
-``GET {path}api/requests``  the ring buffer's records as JSON, newest first, with stats
-``GET {path}api/stream``    the live feed: one SSE event per finished request
-``GET {path}api/backends``  backends with their health, and what ``/readyz`` reports
-``POST|DELETE {path}api/session``  sign in (sets the view's cookie) / sign out
-=======================  ============================================================
+=================================  ==================================================
+``GET {path}``                     the page (``ui/index.html`` + ``live.js`` + ``live.css``)
+``GET {path}api/requests``         the ring buffer's records as JSON, newest first, with stats
+``GET {path}api/stream``           the live feed: one SSE event per finished request
+``GET {path}api/backends``         backends with their passive health, as ``/readyz`` has it
+``POST|DELETE {path}api/session``  sign in (sets the view's session cookie) / sign out
+=================================  ==================================================
 
 The view's own requests are not recorded, traced or access-logged (they never enter a
 :class:`~gateway.scope.RequestScope`), and neither are ``/healthz``, ``/readyz`` and
 ``/metrics``: the buffer holds the traffic the gateway serves, not the traffic of its watchers.
+Every answer goes out through :class:`~gateway.writer.ResponseWriter` (errors in the OpenAI
+shape), with a context of its own that no sink ever sees.
 
 Auth (``auth.mode = "keys"``): the API needs a key whose ``[[auth.keys]]`` entry has
 ``admin = true``, sent as ``Authorization: Bearer`` / ``api-key`` / ``x-api-key`` (scripts), or —
-browsers cannot put a header on an ``EventSource`` — the HttpOnly, ``SameSite=Strict`` cookie
-that ``POST {path}api/session`` sets after checking the key the page's sign-in form sends. Keys
-are never accepted in the URL (URLs end up in browser history, proxy logs and ``Referer``) and
-never logged. No key: 401; a key that is not admin: 403 (the OpenAI error shape). The page and
-its two static files carry no data and are served to anyone who reaches the port.
+browsers cannot put a header on an ``EventSource`` — the session cookie that
+``POST {path}api/session`` sets after checking the key the page's sign-in form sends: a signed,
+expiring token (:mod:`gateway.live.session`), never the key nor a digest of it; ``HttpOnly``,
+``SameSite=Strict``, ``Path`` the view's path, ``Secure`` when the request came over TLS (or
+``X-Forwarded-Proto: https`` from a trusted proxy). Keys are never accepted in the URL (URLs end
+up in browser history, proxy logs and ``Referer``) and never logged. No key or session: 401; a
+key that is not admin: 403. The page and its two static files carry no data and are served to
+anyone who reaches the port.
 
 Live feed: the stream first sends what the buffer holds after ``Last-Event-ID`` (or
 ``?after=SEQ``), then each new request; each watcher has a bounded queue and is dropped when it
@@ -32,22 +37,28 @@ graceful shutdown for longer than that (uvicorn waits for open responses before 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
-import orjson
-
 from gateway.config import Config
+from gateway.context import RequestContext, Timeline
 from gateway.errors import Forbidden, GatewayError, InvalidRequest, NotFound, Unauthorized
+from gateway.hops.auth import KeyEntry
 from gateway.live.recent import RecentRequests, percentiles, stats
+from gateway.live.session import Sessions, secret_from
 from gateway.routes import Backend
 from gateway.runtime import Endpoint, Runtime
 from gateway.types import RawHeaders, Receive, Scope, Send
+from gateway.writer import ResponseWriter
 
-COOKIE = "gateway_ui_key"
+#: the session cookie (a signed token: :mod:`gateway.live.session`)
+COOKIE = "gateway_ui_session"
+#: the cookie of earlier versions, which held the admin key itself: deleted when seen
+LEGACY_COOKIE = "gateway_ui_key"
 #: a live-feed response ends after this long; EventSource reconnects (Last-Event-ID)
 STREAM_MAX_S = 5.0
 #: the browser's reconnect delay (ms), sent as the stream's ``retry:``
@@ -61,33 +72,31 @@ _CSP = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     b"img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+#: on every answer of the view
 _COMMON: RawHeaders = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-_JSON = (b"content-type", b"application/json")
 _NO_STORE = (b"cache-control", b"no-store")
 _STATUS_CLASSES = frozenset({"1xx", "2xx", "3xx", "4xx", "5xx", "error"})
+#: passive-health states (gateway/hops/health.py) as the page words them
+STATE_LABELS = {
+    "up": "in rotation",
+    "ejected": "ejected",
+    "probe_due": "ejected (probe due)",
+    "probing": "probing",
+}
 
 
 def _asset(name: str) -> bytes:
     return resources.files("gateway.live").joinpath("ui", name).read_bytes()
 
 
-async def _respond(send: Send, status: int, headers: RawHeaders, body: bytes = b"") -> None:
-    headers = [*headers, *_COMMON, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _error(send: Send, exc: GatewayError) -> None:
-    headers: RawHeaders = [_JSON, _NO_STORE, *exc.headers]
-    await _respond(send, exc.status, headers, exc.body())
-
-
-async def _json(send: Send, obj: Any) -> None:
-    await _respond(send, 200, [_JSON, _NO_STORE], orjson.dumps(obj))
+def _writer(ctx: RequestContext, send: Send, *extra: tuple[bytes, bytes]) -> ResponseWriter:
+    """The one response writer (gateway/writer.py) over a context no sink ever sees."""
+    ctx.response_headers = [*_COMMON, *extra]
+    return ResponseWriter(ctx, send, None)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -102,6 +111,17 @@ def _cookie(scope: Scope, name: str) -> str | None:
                 if key == name and value:
                     return unquote(value)
     return None
+
+
+def over_tls(ctx: RequestContext) -> bool:
+    """Whether the client reached us over TLS: our own listener's, or a trusted proxy's that
+    says so in ``X-Forwarded-Proto`` (the first value: the client's side of the chain)."""
+    if ctx.scope.get("scheme") == "https":
+        return True
+    if not ctx.peer_trusted:
+        return False
+    proto = _header(ctx.scope, b"x-forwarded-proto")
+    return proto is not None and proto.split(b",")[0].strip().lower() == b"https"
 
 
 def display_url(url: str) -> str:
@@ -129,16 +149,30 @@ class MethodNotAllowed(GatewayError):
         self.headers = headers
 
 
+def _allowed_method(scope: Scope, *methods: str) -> None:
+    if scope["method"] not in methods:
+        raise MethodNotAllowed(
+            f"{scope['method']} is not allowed here (allowed: {', '.join(methods)})",
+            code="method_not_allowed",
+            headers=((b"allow", ", ".join(methods).encode()),),
+        )
+
+
 class LiveView:
     """The view's endpoints (one object per app; per-request state stays in locals)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, environ: Mapping[str, str] | None = None) -> None:
         self.prefix = config.ui.path
         self._auth_on = config.auth.mode != "off"
         self._slow_ms = config.logging.slow_ms
         self._capture = config.tracing.capture_content
         # shipped in the package (package-data): read once, served from memory
         self._assets = {sub: (_asset(file), ctype) for sub, (file, ctype) in _ASSETS.items()}
+        env = os.environ if environ is None else environ
+        self.sessions = Sessions(config.auth.keys, secret_from(env))
+        # RFC 6265 §4.1.1: a path-value has no ';' or controls (the configured path is ours)
+        path = quote(self.prefix, safe="/:@!$&'()*+,=-._~%")
+        self._cookie_attrs = f"; Path={path}; HttpOnly; SameSite=Strict"
 
     def endpoints(self) -> dict[str, Endpoint]:
         """Path -> endpoint, for the app's endpoint table."""
@@ -153,50 +187,50 @@ class LiveView:
 
     # ------------------------------------------------------------ auth
 
-    async def admit(self, rt: Runtime, scope: Scope) -> GatewayError | None:
-        """None when the caller may read the view; else the error to answer with."""
+    def admit(self, rt: Runtime, ctx: RequestContext) -> None:
+        """Return when the caller may read the view; else raise the error to answer with."""
         if not self._auth_on:
-            return None
-        ctx = rt.edge.accept(scope)  # the credential from Authorization / api-key / x-api-key
-        if ctx.credential is None:
-            cookie = _cookie(scope, COOKIE)
-            ctx.credential = cookie.encode() if cookie else None
-        if not ctx.credential:
-            return Unauthorized(
+            return
+        if ctx.credential:  # a key in Authorization / api-key / x-api-key
+            self.admin_key(rt, ctx.credential)
+            return
+        token = _cookie(ctx.scope, COOKIE)
+        if token is None:
+            raise Unauthorized(
                 "the live view needs an admin key: send Authorization: Bearer <key> "
                 "or sign in on the page",
                 code="missing_api_key",
             )
-        # who the key is, without spending its request budget on the view
-        try:
-            entry = rt.auth.identify(ctx.credential)
-        except GatewayError as exc:
-            return exc
+        if self.sessions.check(token) is None:
+            raise Unauthorized(
+                "the live view's session is not valid (expired or signed out): sign in again",
+                code="invalid_session",
+            )
+
+    @staticmethod
+    def admin_key(rt: Runtime, credential: bytes) -> KeyEntry:
+        """The key's entry when it may open the view (who it is, without spending its request
+        budget on the view); else raise 401 / 403."""
+        entry = rt.auth.identify(credential)
         if not entry.admin:
-            return Forbidden(
+            raise Forbidden(
                 "this key may not open the live view: its [[auth.keys]] entry needs admin = true",
                 code="admin_required",
             )
-        return None
-
-    def _allowed_method(self, scope: Scope, *methods: str) -> GatewayError | None:
-        if scope["method"] in methods:
-            return None
-        return MethodNotAllowed(
-            f"{scope['method']} is not allowed here (allowed: {', '.join(methods)})",
-            code="method_not_allowed",
-            headers=((b"allow", ", ".join(methods).encode()),),
-        )
+        return entry
 
     # ------------------------------------------------------------ page and assets
 
     async def redirect(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 308, [(b"location", self.prefix.encode())])
+        out = _writer(RequestContext(scope, Timeline()), send)
+        await out.whole(308, [(b"location", self.prefix.encode())], b"")
 
     async def asset(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-        problem = self._allowed_method(scope, "GET", "HEAD")
-        if problem is not None:
-            await _error(send, problem)
+        out = _writer(RequestContext(scope, Timeline()), send)
+        try:
+            _allowed_method(scope, "GET", "HEAD")
+        except GatewayError as exc:
+            await out.error(exc)
             return
         body, ctype = self._assets[scope["path"][len(self.prefix) :]]
         headers: RawHeaders = [
@@ -206,32 +240,40 @@ class LiveView:
         ]
         if scope["method"] == "HEAD":
             headers.append((b"content-length", str(len(body)).encode()))
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": b""})
+            await out.start(200, headers)
+            await out.body(b"")
             return
-        await _respond(send, 200, headers, body)
+        await out.whole(200, headers, body)
 
     # ------------------------------------------------------------ the API
 
-    async def _guard(self, rt: Runtime, scope: Scope, send: Send, *methods: str) -> bool:
-        problem = self._allowed_method(scope, *methods) or await self.admit(rt, scope)
-        if problem is None and rt.recent is None:
-            problem = NotFound("the live view is not enabled", code="ui_disabled")
-        if problem is not None:
-            await _error(send, problem)
-            return False
-        return True
+    async def _open(
+        self, rt: Runtime, scope: Scope, send: Send, *methods: str
+    ) -> ResponseWriter | None:
+        """The writer of an API answer when the caller may have it; None when refused."""
+        ctx = rt.edge.accept(scope)
+        out = _writer(ctx, send, _NO_STORE)
+        try:
+            _allowed_method(scope, *methods)
+            self.admit(rt, ctx)
+            if rt.recent is None:
+                raise NotFound("the live view is not enabled", code="ui_disabled")
+        except GatewayError as exc:
+            await out.error(exc)
+            return None
+        return out
 
     async def requests(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         """The buffer as JSON: the records that match the filters, newest first (at most
         ``limit``), and their p50/p90/p99 (all of them, whatever the limit)."""
-        if not await self._guard(rt, scope, send, "GET"):
+        out = await self._open(rt, scope, send, "GET")
+        if out is None:
             return
         assert rt.recent is not None
         try:
             query = RecordQuery(scope.get("query_string", b""), rt.recent.size, self._slow_ms)
         except InvalidRequest as exc:
-            await _error(send, exc)
+            await out.error(exc)
             return
         records = query.select(rt.recent.records(query.after))
         body = {
@@ -243,67 +285,73 @@ class LiveView:
             "auth": self._auth_on,
             "now": round(time.time(), 3),
         }
-        await _json(send, body)
+        await out.json(200, body)
 
     async def backends(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-        if not await self._guard(rt, scope, send, "GET"):
+        out = await self._open(rt, scope, send, "GET")
+        if out is None:
             return
         assert rt.recent is not None
         records = rt.recent.records()
+        health = rt.health.snapshot()  # what /readyz reports
         body = {
-            "backends": [backend_row(b, records) for b in rt.backends.values()],
+            "backends": [
+                backend_row(b, health.get(b.name, {}), records) for b in rt.backends.values()
+            ],
             # what /readyz reports next to the backends
             "cache": rt.cache.state(),
             "tracing": rt.tracing.state(),
         }
-        await _json(send, body)
+        await out.json(200, body)
 
     async def session(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-        """POST: check the key in Authorization and keep it in the view's cookie; DELETE: forget."""
-        problem = self._allowed_method(scope, "POST", "DELETE")
-        key = self._header_key(scope)
-        if problem is None and scope["method"] == "POST":
-            if self._auth_on and key is None:  # a session is made from a key, not a cookie
-                problem = Unauthorized(
-                    "send the key as Authorization: Bearer <key>", code="missing_api_key"
-                )
-            problem = problem or await self.admit(rt, scope)
-        if problem is not None:
-            await _error(send, problem)
+        """POST: check the admin key in the headers and set the session cookie; DELETE: sign
+        the cookie's session out (in this process: :mod:`gateway.live.session`) and delete it."""
+        ctx = rt.edge.accept(scope)
+        out = _writer(ctx, send, _NO_STORE)
+        secure = "; Secure" if over_tls(ctx) else ""
+        cookies: list[str] = []
+        try:
+            _allowed_method(scope, "POST", "DELETE")
+            if scope["method"] == "DELETE":
+                token = _cookie(scope, COOKIE)
+                if token is not None:
+                    self.sessions.revoke(token)
+                cookies.append(f"{COOKIE}=; Max-Age=0{self._cookie_attrs}{secure}")
+            elif self._auth_on:
+                if not ctx.credential:  # a session is made from a key, never from a cookie
+                    raise Unauthorized(
+                        "send the key as Authorization: Bearer <key>", code="missing_api_key"
+                    )
+                token = self.sessions.issue(self.admin_key(rt, ctx.credential).digest)
+                age = self.sessions.ttl_s
+                cookies.append(f"{COOKIE}={token}; Max-Age={age}{self._cookie_attrs}{secure}")
+        except GatewayError as exc:
+            await out.error(exc)
             return
-        secure = "; Secure" if scope.get("scheme") == "https" else ""
-        attrs = f"; Path={self.prefix}; HttpOnly; SameSite=Strict{secure}"
-        if scope["method"] == "DELETE":
-            cookie = f"{COOKIE}=; Max-Age=0{attrs}"
-        else:
-            cookie = f"{COOKIE}={quote(key or '', safe='')}{attrs}" if self._auth_on else ""
-        headers: RawHeaders = [_NO_STORE]
-        if cookie:
-            headers.append((b"set-cookie", cookie.encode("latin-1")))
-        await _respond(send, 204, headers)
-
-    @staticmethod
-    def _header_key(scope: Scope) -> str | None:
-        raw = _header(scope, b"authorization")
-        if raw is not None and raw[:7].lower() == b"bearer ":
-            return raw[7:].strip().decode("latin-1") or None
-        raw = _header(scope, b"api-key") or _header(scope, b"x-api-key")
-        return raw.strip().decode("latin-1") if raw else None
+        if _cookie(scope, LEGACY_COOKIE) is not None:
+            cookies.append(f"{LEGACY_COOKIE}=; Max-Age=0{self._cookie_attrs}{secure}")
+        # 204: no body and no content-length (RFC 9110 §8.6)
+        await out.start(204, [(b"set-cookie", c.encode("latin-1")) for c in cookies])
+        await out.body(b"")
 
     async def stream(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         """The live feed (SSE): backlog after Last-Event-ID / ?after=, then each new request."""
-        if not await self._guard(rt, scope, send, "GET"):
+        out = await self._open(rt, scope, send, "GET")
+        if out is None:
             return
         assert rt.recent is not None
         try:
             after = _resume_point(scope)
         except InvalidRequest as exc:
-            await _error(send, exc)
+            await out.error(exc)
             return
-        await feed(rt.recent, after, receive, send)
+        await feed(rt.recent, after, receive, out)
 
 
-async def feed(recent: RecentRequests, after: int | None, receive: Receive, send: Send) -> None:
+async def feed(
+    recent: RecentRequests, after: int | None, receive: Receive, out: ResponseWriter
+) -> None:
     """One watcher's SSE response, until it ends (:data:`STREAM_MAX_S`), falls behind or the
     client goes away. Queued events are written together: one send per wake-up."""
     watcher = recent.watch(after)
@@ -318,17 +366,14 @@ async def feed(recent: RecentRequests, after: int | None, receive: Receive, send
     gone = asyncio.ensure_future(watch_disconnect())
     headers: RawHeaders = [
         (b"content-type", b"text/event-stream; charset=utf-8"),
-        (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no"),
-        *_COMMON,
     ]
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        first = f"retry: {STREAM_RETRY_MS}\n\n".encode()
-        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await out.start(200, headers)
+        await out.body(f"retry: {STREAM_RETRY_MS}\n\n".encode(), more=True)
         while (batch := await _next_batch(watcher.queue)) is not None:
-            await send({"type": "http.response.body", "body": batch, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+            await out.body(batch, more=True)
+        await out.body(b"")
     finally:
         recent.unwatch(watcher)
         timer.cancel()
@@ -437,22 +482,31 @@ def _int_param(params: Mapping[str, str], name: str, default: int, low: int) -> 
     return value
 
 
-def backend_row(b: Backend, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """A backend as the view shows it: config, health, and what the buffer saw of it.
+def backend_row(
+    b: Backend, health: Mapping[str, Any], records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A backend as the view shows it: config, passive health, what the buffer saw of it.
 
-    Health comes from the backend's ``health_state()`` when it has one (passive health:
-    ejection, SPEC §13); until then every backend is reported in rotation, as ``/readyz``
-    and ``gateway_backend_up`` do.
+    ``health`` is the backend's row of :meth:`gateway.hops.health.Health.snapshot` — what
+    ``/readyz`` reports — as it is, with the page's wording of its state (``label``) and the
+    models out of rotation on it (``models``: model -> state, empty when none).
+
+    >>> from gateway.config import BackendConfig
+    >>> b = Backend(BackendConfig(name="b", url="http://127.0.0.1:9/v1"), None)
+    >>> row = backend_row(b, {"state": "up", "up": True, "models": {"m": "ejected"}}, [])
+    >>> row["health"]["label"], row["health"]["models"]
+    ('in rotation', {'m': 'ejected'})
     """
     cfg = b.config
     transport = "mock" if cfg.is_mock else "h2" if cfg.http2 else "http/1.1"
-    health: dict[str, Any] = {"up": True, "source": "no passive health state"}
-    probe = getattr(b, "health_state", None)
-    if callable(probe):
-        try:
-            health = {**dict(probe()), "source": "passive health"}
-        except Exception as exc:  # the view degrades; it never fails because of it
-            health = {"up": None, "source": f"health_state() failed: {type(exc).__name__}"}
+    state = str(health.get("state", "up"))
+    models = health.get("models")
+    shown = {
+        **health,
+        "state": state,
+        "label": STATE_LABELS.get(state, state),
+        "models": dict(models) if isinstance(models, Mapping) else {},
+    }
     attempts = [a for r in records for a in r["attempts"] if a["backend"] == b.name]
     failed = [a for a in attempts if a["error"] is not None or (a["status"] or 0) >= 500]
     return {
@@ -460,7 +514,7 @@ def backend_row(b: Backend, records: list[dict[str, Any]]) -> dict[str, Any]:
         "provider": b.provider,
         "url": display_url(cfg.url),
         "transport": transport,
-        "health": health,
+        "health": shown,
         "attempts": len(attempts),
         "failed": len(failed),
         "last_status": attempts[0]["status"] if attempts else None,
@@ -468,4 +522,4 @@ def backend_row(b: Backend, records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-__all__ = ["COOKIE", "LiveView", "RecordQuery", "backend_row", "display_url"]
+__all__ = ["COOKIE", "LiveView", "RecordQuery", "backend_row", "display_url", "over_tls"]

@@ -3,6 +3,7 @@ API against the spans a real OTLP receiver decoded, the SSE feed, and admin-key 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import itertools
@@ -23,8 +24,9 @@ from playwright.sync_api import Page, sync_playwright
 from gateway.config import load_config
 from gateway.live import view as live
 from gateway.telemetry.logs import ACCESS_LOGGER
+from tests.faults import FaultyUpstream
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
-from tests.support import GatewayServer, gateway_config
+from tests.support import GatewayServer, SeenRequest, free_port, gateway_config, http_response
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it); never a download
@@ -249,10 +251,11 @@ def test_the_page_draws_each_request_as_a_waterfall_and_updates_live(lv):
             for a, b in itertools.pairwise(row["bars"]):
                 assert b["left"] == pytest.approx(a["left"] + a["width"], abs=1.5), request_id
         ids = lv.ids
-        assert named(rows[ids["json"]]["bars"]) == ["auth", "router", "upstream", "relay"]
+        assert named(rows[ids["json"]]["bars"]) == ["intake", "auth", "router", "upstream", "relay"]
         assert named(rows[ids["edge"]]["bars"]) == [
             "cdn",
             "lb",
+            "intake",
             "auth",
             "router",
             "upstream",
@@ -264,7 +267,7 @@ def test_the_page_draws_each_request_as_a_waterfall_and_updates_live(lv):
         # the cache hit: replayed, no upstream; its lookup drawn inside the router
         hit = rows[ids["hit"]]
         assert hit["cache"] == "hit" and "hit" in hit["cells"]
-        assert named(hit["bars"]) == ["auth", "router", "replay"]
+        assert named(hit["bars"]) == ["intake", "auth", "router", "replay"]
         assert "cache lookup" in hit["subs"]
         assert "cache store" in rows[ids["miss"]]["subs"]
         # the error rows: three attempts with the backoff between them; a refused body
@@ -279,7 +282,7 @@ def test_the_page_draws_each_request_as_a_waterfall_and_updates_live(lv):
         ]
         invalid = rows[ids["invalid"]]
         assert invalid["error"] and invalid["status"] == 400
-        assert named(invalid["bars"]) == ["auth", "router"]
+        assert named(invalid["bars"]) == ["intake", "auth", "router"]
         assert rows[ids["stream"]]["mark"]  # the first token, marked on its waterfall
         assert not rows[ids["json"]]["error"]
         check_stats_filters_and_backends(page, api, lv)
@@ -361,6 +364,8 @@ def test_the_json_records_match_the_exported_spans(lv):
             assert attrs.get(f"gateway.{key}") == (
                 pytest.approx(ours, abs=0.0015) if ours else ours
             )
+        # the waits between attempts: on the root span only when there were any
+        assert attrs.get("gateway.backoff_ms", 0.0) == pytest.approx(rec["backoff_ms"], abs=0.0015)
         # the waterfall spans the root: edge hops first, done last
         assert rec["total_ms"] == pytest.approx(root.duration_ms, abs=0.0025)
         hops = {h["name"]: h for h in rec["hops"] if h["kind"] in ("edge", "gateway")}
@@ -439,6 +444,106 @@ def sse_events(lines: Iterator[str]) -> list[dict[str, Any]]:
             key, _, value = line.partition(":")
             current[key] = value.lstrip(" ")
     return events
+
+
+# ---------------------------------------------------------------- backends and retries
+
+
+def health_config(mock_url: str, dead_url: str) -> str:
+    """Two backends on one route: ``dead`` (nothing listens there) first, then the mock."""
+    return f"""
+[[backends]]
+name = "dead"
+url = "{dead_url}/v1"
+eject_after = 1
+eject_for_s = 600
+[[backends]]
+name = "up"
+url = "{mock_url}/v1"
+eject_after = 1
+eject_for_s = 600
+[[routes]]
+models = ["*"]
+backends = ["dead", "up"]
+retries = 0
+[cache]
+backend = "off"
+[ui]
+enabled = true
+"""
+
+
+def test_backends_show_the_passive_health_readyz_reports(gateway, mock_upstream):
+    gw = gateway(
+        gateway_config(health_config(mock_upstream.url, f"http://127.0.0.1:{free_port()}"))
+    )
+    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    # refused by `dead` (ejected at once), answered by `up`
+    client.chat.completions.create(model="mock-gpt-4o", messages=MSG)
+    # a 5xx answer for one model: counts against that (backend, model) pair
+    with pytest.raises(openai.APIStatusError):
+        client.chat.completions.create(model="mock-status-503", messages=MSG)
+    ready = httpx2.get(gw.url + "/readyz").json()["backends"]
+    view = {
+        b["name"]: b["health"]
+        for b in httpx2.get(gw.url + "/_gateway/api/backends").json()["backends"]
+    }
+    assert view["dead"]["state"] == ready["dead"]["state"] == "ejected"
+    assert view["dead"]["label"] == "ejected" and view["dead"]["up"] is False
+    assert view["up"]["state"] == ready["up"]["state"] == "up"
+    assert view["up"]["label"] == "in rotation"
+    assert view["up"]["models"] == ready["up"]["models"] == {"mock-status-503": "ejected"}
+    with chromium() as (page, errors):
+        page.goto(gw.url + "/_gateway/")
+        dead = page.locator('#backends tr[data-backend="dead"] td.health')
+        dead.wait_for()
+        assert dead.inner_text().startswith("ejected")
+        up = page.locator('#backends tr[data-backend="up"] td.health').inner_text()
+        assert up.startswith("in rotation") and "mock-status-503 ejected" in up
+        assert errors == []
+
+
+def test_a_retried_request_shows_its_backoff(gateway, upstream):
+    backend = FaultyUpstream()
+
+    async def once_503(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        if len(server.requests) == 1:  # the first answer asks to retry after 50 ms
+            body = b'{"error": {"message": "busy", "type": "server_error", "code": null}}'
+            writer.write(http_response(503, body, extra=[("retry-after", "0.05")]))
+            return True
+        return await backend.handler(req, writer)
+
+    server = upstream(once_503)
+    gw = gateway(
+        gateway_config(
+            f'[[backends]]\nname = "up"\nurl = "{server.url}"\n'
+            '[[routes]]\nmodels = ["*"]\nbackends = ["up"]\nretries = 1\n[ui]\nenabled = true\n'
+        )
+    )
+    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client.chat.completions.create(
+        model="m", messages=MSG, extra_headers={"x-request-id": "retried"}
+    )
+    rec = httpx2.get(gw.url + "/_gateway/api/requests").json()["requests"][0]
+    assert rec["id"] == "retried" and [a["status"] for a in rec["attempts"]] == [503, 200]
+    assert rec["backoff_ms"] > 0
+    kinds = [h["kind"] for h in rec["hops"] if h["kind"] in ("upstream", "backoff")]
+    assert kinds == ["upstream", "backoff", "upstream"]
+    drawn = next(h["dur_ms"] for h in rec["hops"] if h["kind"] == "backoff")
+    assert drawn == pytest.approx(rec["backoff_ms"], abs=0.002)
+    # a wait is neither the upstream's time nor the gateway's own (docs/spec.md §6)
+    expected = rec["request_ms"] - rec["upstream_ms"] - rec["backoff_ms"]
+    assert rec["overhead_ms"] == pytest.approx(expected, abs=0.002)
+    with chromium() as (page, errors):
+        page.goto(gw.url + "/_gateway/")
+        wait_rows(page, 1)
+        bars = rendered(page)["retried"]["bars"]
+        assert [b["name"] for b in bars if b["kind"] in ("upstream", "backoff")] == [
+            "upstream",
+            "backoff",
+            "upstream",
+        ]
+        assert errors == []
 
 
 # ---------------------------------------------------------------- auth

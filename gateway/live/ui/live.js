@@ -35,7 +35,7 @@
     return (Math.max(0, Math.min(1, fraction)) * 100).toFixed(4) + "%";
   }
 
-  // nearest-rank percentile, as gateway/telemetry/recent.py computes it
+  // nearest-rank percentile, as gateway/live/recent.py computes it
   function percentile(sorted, p) {
     if (!sorted.length) return null;
     return sorted[Math.max(0, Math.ceil((p / 100) * sorted.length) - 1)];
@@ -151,12 +151,20 @@
       "tracing " + (tracing.exporter || "?") + (tracing.state ? " (" + tracing.state + ")" : "");
   }
 
+  // passive health as /readyz reports it: the backend's state and its models out of rotation
   function backendRow(b) {
     const tr = el("tr");
     tr.dataset.backend = b.name;
     const h = b.health || {};
-    const up = h.up === true ? "in rotation" : h.up === false ? "ejected" : "unknown";
-    const health = el("td", h.up === false ? "error" : "", up);
+    tr.dataset.state = h.state || "";
+    const models = Object.entries(h.models || {});
+    const health = el("td", h.state && h.state !== "up" ? "error health" : "health", h.label || h.state || "unknown");
+    if (h.probe_in_s !== undefined && h.state === "ejected") health.append(el("span", "muted", " (probe in " + h.probe_in_s + " s)"));
+    if (models.length) {
+      const list = el("span", "models error");
+      list.textContent = " · models out: " + models.map(([m, state]) => m + " " + (typeof state === "object" ? state.state : state)).join(", ");
+      health.append(list);
+    }
     health.title = Object.entries(h)
       .map(([k, v]) => k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))
       .join("\n");
@@ -312,6 +320,8 @@
       return "upstream #" + h.attempt + " " + h.backend + (h.status ? " → " + h.status : "") + (h.error ? " (" + h.error + ")" : "");
     }
     if (h.kind === "edge") return "hop " + h.name + " (from its header)";
+    if (h.kind === "backoff") return "backoff (waiting to retry)";
+    if (h.name === "intake") return "intake (the gateway's server: parsing, dispatch)";
     return h.name;
   }
 
@@ -377,6 +387,7 @@
       ["stream", rec.stream ? "yes" : "no"],
       ["tokens in / out", (rec.tokens.input ?? "–") + " / " + (rec.tokens.output ?? "–")],
       ["attempts", rec.attempts.length],
+      ["backoff ms", ms(rec.backoff_ms)],
       ["edge ms", ms(rec.edge_ms)],
       ["total ms", ms(rec.total_ms)],
     ];
