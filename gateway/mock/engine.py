@@ -29,7 +29,27 @@ Length: chat/completions and completions answer exactly ``max_tokens`` (or
 ``max_tokens`` is smaller, which cuts the answer there: status ``incomplete`` with
 ``incomplete_details.reason = "max_output_tokens"``, or stop_reason ``max_tokens``.
 
-Models with a meaning (any other name is an ordinary model):
+Tools and structured outputs (gateway/mock/tools.py decides, gateway/mock/schema.py makes the
+values), so agent frameworks' tool loops and ``parse`` helpers run on the mock:
+
+- a request offering function tools (``tool_choice`` not ``none``) whose conversation does not
+  end with tool results is answered with one call of the first tool (or the one ``tool_choice``
+  names), its arguments made to fit the tool's JSON schema: chat ``tool_calls``
+  (finish_reason ``tool_calls``), a Responses ``function_call`` item, a Messages ``tool_use``
+  block (stop_reason ``tool_use``); streamed as each API streams them, one argument piece per
+  token. A tool call is always answered whole (the length limits do not cut it);
+- a conversation ending with tool results is answered with text that quotes them
+  ("The get_weather tool returned: …");
+- a JSON answer asked for (chat ``response_format`` json_schema / json_object, Responses
+  ``text.format``, Messages ``output_config.format``) is JSON valid for the schema (after tool
+  results, its strings quote them).
+
+These answers are deterministic per prompt like the text; their length is what they need.
+Responses ids (``resp_…``, item and call ids) are unique per response (stateful requests find a
+response by id); chat and Messages ids follow the prompt.
+
+``GET /models`` lists :data:`MODELS` (the names the README uses); every other name is served
+too. Models with a meaning (any other name is an ordinary model):
 
 - ``mock-status-NNN``: answers HTTP status NNN with the endpoint's error body (OpenAI's shape;
   Anthropic's on ``/messages``, its ``error.type`` following the status: 400
@@ -68,7 +88,27 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
-MODELS = ("mock-gpt-4o", "mock-gpt-4o-mini", "mock-embedding-3-small")
+from gateway.mock.schema import fake, pieces
+from gateway.mock.tools import Turn, chat_turn, messages_turn, responses_turn
+
+#: what ``GET /models`` lists: the names the README's examples use (any other name is answered
+#: too); the first chat model is the one ``gateway doctor`` picks
+MODELS = (
+    "gpt-4o",
+    "gpt-4o-mini",
+    "gpt-4.1",
+    "gpt-4.1-mini",
+    "o4-mini",
+    "claude-sonnet-4",
+    "claude-opus-4",
+    "claude-3-5-haiku",
+    "text-embedding-3-small",
+    "text-embedding-3-large",
+    # the names of earlier versions, which deploy/ configs and tests still use
+    "mock-gpt-4o",
+    "mock-gpt-4o-mini",
+    "mock-embedding-3-small",
+)
 DEFAULT_COMPLETION_TOKENS = 12
 MAX_COMPLETION_TOKENS = 4096
 EMBEDDING_DIMENSIONS = 1536  # text-embedding-3-small: ~30 KB of JSON per vector
@@ -287,9 +327,18 @@ def _chat(payload: dict[str, Any], model: str, settings: MockSettings) -> MockRe
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         return _error(400, "'messages' must be a non-empty array")
-    n_tokens, finish = _completion_tokens(payload, settings)
+    try:
+        turn = chat_turn(payload)
+    except ValueError as exc:
+        return _error(400, str(exc), param="tool_choice")
     rng = _rng(model, messages)
-    choices = [_text_tokens(rng, n_tokens) for _ in range(_choices(payload))]
+    call: tuple[str, str] | None = None
+    if turn is None:
+        n_tokens, finish = _completion_tokens(payload, settings)
+        choices = [_text_tokens(rng, n_tokens) for _ in range(_choices(payload))]
+    else:
+        toks, finish, call = _chat_turn(payload, turn, rng)
+        n_tokens, choices = len(toks), [toks] * _choices(payload)
     prompt_tokens = _count_words(messages) + 3 * len(messages)
     usage = {
         "prompt_tokens": prompt_tokens,
@@ -299,7 +348,9 @@ def _chat(payload: dict[str, Any], model: str, settings: MockSettings) -> MockRe
     ident = "chatcmpl-mock" + rng.getrandbits(64).to_bytes(8, "big").hex()
     created = int(time.time())
     if payload.get("stream") is True:
-        events = _chat_events(ident, created, model, choices, finish, usage, payload, settings)
+        events = _chat_events(
+            ident, created, model, choices, finish, usage, payload, settings, call
+        )
         return MockReply(
             200, "text/event-stream", events=events, delay_s=settings.latency_ms / 1000
         )
@@ -311,7 +362,7 @@ def _chat(payload: dict[str, Any], model: str, settings: MockSettings) -> MockRe
         "choices": [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": "".join(toks), "refusal": None},
+                "message": _chat_message("".join(toks), call),
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -322,6 +373,53 @@ def _chat(payload: dict[str, Any], model: str, settings: MockSettings) -> MockRe
     }
     delay = settings.latency_ms / 1000 + _generation_time(settings, n_tokens)
     return MockReply(200, "application/json", orjson.dumps(body), delay_s=delay)
+
+
+def _chat_message(text: str, call: tuple[str, str] | None) -> dict[str, Any]:
+    """The assistant message: ``text``, or the tool call (id, name) ``text`` is the arguments of."""
+    if call is None:
+        return {"role": "assistant", "content": text, "refusal": None}
+    function = {"name": call[1], "arguments": text}
+    return {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "tool_calls": [{"id": call[0], "type": "function", "function": function}],
+    }
+
+
+def _chat_turn(
+    payload: dict[str, Any], turn: Turn, rng: random.Random
+) -> tuple[list[str], str, tuple[str, str] | None]:
+    """(tokens, finish_reason, tool call) of a tool call or a text/JSON turn (docs: tools.py).
+
+    A tool call is answered whole; other answers are cut by ``max_tokens`` (``length``).
+    """
+    if turn.call is not None:
+        name, parameters = turn.call
+        arguments = orjson.dumps(fake(parameters, _words(rng))).decode()
+        call_id = "call_mock" + rng.getrandbits(96).to_bytes(12, "big").hex()
+        return pieces(arguments), "tool_calls", (call_id, name)
+    toks = pieces(_turn_text(turn, rng))
+    limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    if _positive_int(limit) and limit < len(toks):
+        return toks[:limit], "length", None
+    return toks, "stop", None
+
+
+def _words(rng: random.Random) -> Callable[[], str]:
+    """A source of a few words per free string of a made-up JSON value."""
+    return lambda: "".join(_text_tokens(rng, 2))
+
+
+def _turn_text(turn: Turn, rng: random.Random) -> str:
+    """The text of an answer that is not a tool call: the tool results, or JSON for the schema
+    (its strings saying the tool results when there are some)."""
+    if turn.schema is None:
+        return turn.results or ""
+    said = turn.results
+    words = _words(rng) if said is None else lambda: said
+    return orjson.dumps(fake(turn.schema, words)).decode()
 
 
 def _sse(obj: Any) -> bytes:
@@ -360,7 +458,10 @@ async def _chat_events(
     usage: dict[str, int],
     payload: dict[str, Any],
     settings: MockSettings,
+    call: tuple[str, str] | None = None,
 ) -> AsyncIterator[bytes]:
+    """The chat stream; a tool call as OpenAI streams one: its id and name in the opening
+    chunk (arguments ""), then one chunk per piece of the arguments."""
     base = {
         "id": ident,
         "object": "chat.completion.chunk",
@@ -381,12 +482,23 @@ async def _chat_events(
             obj["usage"] = None
         return _sse(obj)
 
+    if call is None:
+        opening: dict[str, Any] = {"role": "assistant", "content": ""}
+
+        def piece(token: str) -> dict[str, Any]:
+            return {"content": token}
+    else:
+        head = {"index": 0, "id": call[0], "type": "function"}
+        head["function"] = {"name": call[1], "arguments": ""}
+        opening = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [head]}
+
+        def piece(token: str) -> dict[str, Any]:
+            return {"tool_calls": [{"index": 0, "function": {"arguments": token}}]}
+
     cut = _cut_after(model)
-    yield b"".join(
-        chunk(i, {"role": "assistant", "content": ""}, None) for i in range(len(choices))
-    )
+    yield b"".join(chunk(i, opening, None) for i in range(len(choices)))
     async for t in _paced(settings, _sent(len(choices[0]), cut)):
-        yield b"".join(chunk(i, {"content": toks[t]}, None) for i, toks in enumerate(choices))
+        yield b"".join(chunk(i, piece(toks[t]), None) for i, toks in enumerate(choices))
     if cut is not None:
         return  # mock-cut-N: no finish chunk, no usage, no [DONE]
     yield b"".join(chunk(i, {}, finish) for i in range(len(choices)))
@@ -535,12 +647,15 @@ def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> M
     invalid = _responses_invalid(payload)
     if invalid is not None:
         return invalid
+    try:
+        turn = responses_turn(payload)
+    except ValueError as exc:
+        return _error(400, str(exc), param="tool_choice")
     raw = payload["input"]
     instructions = payload.get("instructions")
-    limit = payload.get("max_output_tokens")
-    n_tokens, incomplete = _output_length(limit, settings)
     rng = _rng(model, [instructions, raw])
-    tokens = _text_tokens(rng, n_tokens)
+    tokens, incomplete, item = _responses_output(payload, turn, rng, settings)
+    n_tokens = len(tokens)
     items = 1 if isinstance(raw, str) else len(raw)
     input_tokens = max(1, _count_words(raw) + _count_words(instructions) + 3 * items)
     usage = {
@@ -550,19 +665,54 @@ def _responses(payload: dict[str, Any], model: str, settings: MockSettings) -> M
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + n_tokens,
     }
-    ident = "resp_mock" + rng.getrandbits(192).to_bytes(24, "big").hex()
-    msg_id = "msg_mock" + rng.getrandbits(192).to_bytes(24, "big").hex()
-    response = _response_object(payload, ident, model)
+    # unique ids: a stateful response is found by its id (previous_response_id, GET /responses/…)
+    response = _response_object(payload, "resp_mock" + _unique_hex(), model)
     status = "incomplete" if incomplete else "completed"
-    done = _responses_done(response, status, msg_id, "".join(tokens), usage)
+    if item is None:
+        item = _message_item("msg_mock" + _unique_hex(), status, "".join(tokens))
+    done = _responses_done(response, status, item, usage)
     if payload.get("stream") is True:
-        events = _responses_events(response, done, msg_id, tokens, _cut_after(model), settings)
+        events = _responses_events(response, done, tokens, _cut_after(model), settings)
         return MockReply(
             200, "text/event-stream", events=events, delay_s=settings.latency_ms / 1000
         )
     delay = settings.latency_ms / 1000 + _generation_time(settings, n_tokens)
     done["completed_at"] = int(time.time() + delay) if status == "completed" else None
     return MockReply(200, "application/json", orjson.dumps(done), delay_s=delay)
+
+
+def _unique_hex() -> str:
+    return os.urandom(24).hex()
+
+
+def _responses_output(
+    payload: dict[str, Any], turn: Turn | None, rng: random.Random, settings: MockSettings
+) -> tuple[list[str], bool, dict[str, Any] | None]:
+    """(tokens, cut short, the function_call item if the answer is one).
+
+    Text is ``output_tokens`` words unless ``max_output_tokens`` is smaller; an answer of the
+    turn (tools.py) is cut by ``max_output_tokens`` too, but a function call is answered whole.
+    """
+    limit = payload.get("max_output_tokens")
+    if turn is None:
+        n_tokens, incomplete = _output_length(limit, settings)
+        return _text_tokens(rng, n_tokens), incomplete, None
+    if turn.call is None:
+        tokens = pieces(_turn_text(turn, rng))
+        if limit is not None and limit < len(tokens):
+            return tokens[:limit], True, None
+        return tokens, False, None
+    name, parameters = turn.call
+    arguments = orjson.dumps(fake(parameters, _words(rng))).decode()
+    item = {
+        "id": "fc_mock" + _unique_hex(),
+        "type": "function_call",
+        "status": "completed",
+        "call_id": "call_mock" + _unique_hex(),
+        "name": name,
+        "arguments": arguments,
+    }
+    return pieces(arguments), False, item
 
 
 def _temperature(payload: dict[str, Any]) -> Any:
@@ -615,30 +765,35 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _responses_done(
-    response: dict[str, Any], status: str, msg_id: str, text: str, usage: dict[str, Any]
-) -> dict[str, Any]:
-    """The finished Response: ``completed``, or ``incomplete`` (cut by max_output_tokens)."""
-    message = {
+def _message_item(msg_id: str, status: str, text: str) -> dict[str, Any]:
+    return {
         "id": msg_id,
         "type": "message",
         "status": status,
         "role": "assistant",
         "content": [_output_text(text)],
     }
+
+
+def _responses_done(
+    response: dict[str, Any], status: str, item: dict[str, Any], usage: dict[str, Any]
+) -> dict[str, Any]:
+    """The finished Response: ``completed``, or ``incomplete`` (cut by max_output_tokens)."""
     return dict(
         response,
         status=status,
         incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None,
-        output=[message],
+        output=[item],
         usage=usage,
     )
+
+
+_Event = Callable[..., bytes]
 
 
 async def _responses_events(
     response: dict[str, Any],
     done: dict[str, Any],
-    msg_id: str,
     tokens: list[str],
     cut: int | None,
     settings: MockSettings,
@@ -649,26 +804,54 @@ async def _responses_events(
     def event(type_: str, **fields: Any) -> bytes:
         return _sse_event(type_, {"type": type_, "sequence_number": next(sequence), **fields})
 
-    where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
-    item = {"id": msg_id, "type": "message", "status": "in_progress", "role": "assistant"}
+    item = done["output"][0]
     yield event("response.created", response=response)
     yield event("response.in_progress", response=response)
-    yield event("response.output_item.added", output_index=0, item=dict(item, content=[]))
-    yield event("response.content_part.added", **where, part=_output_text(""))
-    async for t in _paced(settings, _sent(len(tokens), cut)):
-        yield event("response.output_text.delta", **where, delta=tokens[t], logprobs=[])
+    deltas = _call_deltas if item["type"] == "function_call" else _text_deltas
+    async for chunk in deltas(event, item, tokens, cut, settings):
+        yield chunk
     if cut is not None:
         return  # mock-cut-N: no *.done, no response.completed
-    message = done["output"][0]
-    part = message["content"][0]
-    yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
-    yield event("response.content_part.done", **where, part=part)
-    yield event("response.output_item.done", output_index=0, item=message)
+    yield event("response.output_item.done", output_index=0, item=item)
     if done["status"] == "completed":
         done = dict(done, completed_at=int(time.time()))
         yield event("response.completed", response=done)
     else:
         yield event("response.incomplete", response=done)
+
+
+async def _text_deltas(
+    event: _Event, item: dict[str, Any], tokens: list[str], cut: int | None, settings: MockSettings
+) -> AsyncIterator[bytes]:
+    """A message item: added, its text part, one delta per token, then its part done."""
+    where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+    added = dict(item, status="in_progress", content=[])
+    yield event("response.output_item.added", output_index=0, item=added)
+    yield event("response.content_part.added", **where, part=_output_text(""))
+    async for t in _paced(settings, _sent(len(tokens), cut)):
+        yield event("response.output_text.delta", **where, delta=tokens[t], logprobs=[])
+    if cut is None:
+        part = item["content"][0]
+        yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
+        yield event("response.content_part.done", **where, part=part)
+
+
+async def _call_deltas(
+    event: _Event, item: dict[str, Any], tokens: list[str], cut: int | None, settings: MockSettings
+) -> AsyncIterator[bytes]:
+    """A function_call item: added with empty arguments, one delta per piece, then done."""
+    where = {"item_id": item["id"], "output_index": 0}
+    added = dict(item, status="in_progress", arguments="")
+    yield event("response.output_item.added", output_index=0, item=added)
+    async for t in _paced(settings, _sent(len(tokens), cut)):
+        yield event("response.function_call_arguments.delta", **where, delta=tokens[t])
+    if cut is None:
+        yield event(
+            "response.function_call_arguments.done",
+            **where,
+            name=item["name"],
+            arguments=item["arguments"],
+        )
 
 
 # ---------------------------------------------------------------- Anthropic Messages API
@@ -708,11 +891,13 @@ def _messages(payload: dict[str, Any], model: str, settings: MockSettings) -> Mo
     prompt = _anthropic_prompt(payload)
     if isinstance(prompt, MockReply):
         return prompt
+    try:
+        turn = messages_turn(payload)
+    except ValueError as exc:
+        return _anthropic_error(400, f"tool_choice: {exc}")
     messages, system, input_tokens = prompt
-    n_tokens, cut_short = _output_length(max_tokens, settings)
-    stop_reason = "max_tokens" if cut_short else "end_turn"
     rng = _rng(model, [system, messages])
-    tokens = _text_tokens(rng, n_tokens)
+    tokens, stop_reason, block = _messages_output(turn, rng, max_tokens, settings)
     message: dict[str, Any] = {
         "id": "msg_mock" + rng.getrandbits(96).to_bytes(12, "big").hex(),
         "type": "message",
@@ -725,40 +910,68 @@ def _messages(payload: dict[str, Any], model: str, settings: MockSettings) -> Mo
             "input_tokens": input_tokens,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
-            "output_tokens": n_tokens,
+            "output_tokens": len(tokens),
         },
     }
     if payload.get("stream") is True:
-        events = _messages_events(message, tokens, stop_reason, _cut_after(model), settings)
+        events = _messages_events(message, block, tokens, stop_reason, _cut_after(model), settings)
         return MockReply(
             200, "text/event-stream", events=events, delay_s=settings.latency_ms / 1000
         )
-    body = dict(
-        message, content=[{"type": "text", "text": "".join(tokens)}], stop_reason=stop_reason
-    )
-    delay = settings.latency_ms / 1000 + _generation_time(settings, n_tokens)
+    body = dict(message, content=[block], stop_reason=stop_reason)
+    delay = settings.latency_ms / 1000 + _generation_time(settings, len(tokens))
     return MockReply(200, "application/json", orjson.dumps(body), delay_s=delay)
+
+
+def _messages_output(
+    turn: Turn | None, rng: random.Random, max_tokens: int, settings: MockSettings
+) -> tuple[list[str], str, dict[str, Any]]:
+    """(tokens, stop_reason, the content block): text of ``output_tokens`` words unless
+    ``max_tokens`` is smaller, the turn's answer (tools.py) cut by it too, or a whole tool_use."""
+    if turn is None:
+        n_tokens, cut_short = _output_length(max_tokens, settings)
+        tokens = _text_tokens(rng, n_tokens)
+    elif turn.call is None:
+        tokens = pieces(_turn_text(turn, rng))
+        cut_short = max_tokens < len(tokens)
+        tokens = tokens[:max_tokens]
+    else:
+        name, schema = turn.call
+        value = fake(schema, _words(rng))
+        ident = "toolu_mock" + rng.getrandbits(96).to_bytes(12, "big").hex()
+        block = {"type": "tool_use", "id": ident, "name": name, "input": value}
+        return pieces(orjson.dumps(value).decode()), "tool_use", block
+    text = {"type": "text", "text": "".join(tokens)}
+    return tokens, "max_tokens" if cut_short else "end_turn", text
 
 
 async def _messages_events(
     message: dict[str, Any],
+    block: dict[str, Any],
     tokens: list[str],
     stop_reason: str,
     cut: int | None,
     settings: MockSettings,
 ) -> AsyncIterator[bytes]:
-    """The Messages stream, in the order Anthropic documents (streaming messages guide)."""
+    """The Messages stream, in the order Anthropic documents (streaming messages guide); a
+    tool_use block starts with an empty ``input`` and streams it as ``input_json_delta``s."""
 
     def event(type_: str, **fields: Any) -> bytes:
         return _sse_event(type_, {"type": type_, **fields})
 
+    def delta(token: str) -> dict[str, Any]:
+        if block["type"] == "tool_use":
+            return {"type": "input_json_delta", "partial_json": token}
+        return {"type": "text_delta", "text": token}
+
     # message_start carries the input tokens; output_tokens counts up to message_delta's total
     start_usage = dict(message["usage"], output_tokens=1)
     yield event("message_start", message=dict(message, usage=start_usage))
-    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    opening = dict(block, input={}) if block["type"] == "tool_use" else dict(block, text="")
+    yield event("content_block_start", index=0, content_block=opening)
     yield event("ping")
     async for t in _paced(settings, _sent(len(tokens), cut)):
-        yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": tokens[t]})
+        yield event("content_block_delta", index=0, delta=delta(tokens[t]))
     if cut is not None:
         return  # mock-cut-N: no content_block_stop, message_delta, message_stop
     yield event("content_block_stop", index=0)

@@ -180,12 +180,13 @@ def test_responses_stream_is_the_real_event_sequence_and_matches_the_json_answer
     assert final.type == "response.completed" and final.response.output_text == deltas
     assert final.response.usage is not None
     assert final.response.usage.output_tokens == DEFAULT_COMPLETION_TOKENS
-    # the same request as JSON answers the same text, id and usage
-    whole = Response.model_validate(json_of(post("/responses", body)))
-    assert whole.output_text == deltas and whole.id == final.response.id
-    assert whole.usage == final.response.usage
     item_ids = {e.item_id for e in parsed if hasattr(e, "item_id")}
-    assert item_ids == {whole.output[0].id}
+    assert item_ids == {final.response.output[0].id}
+    assert {created.response.id, final.response.id} == {final.response.id}
+    # the same request as JSON answers the same text and usage, under ids of its own
+    whole = Response.model_validate(json_of(post("/responses", body)))
+    assert whole.output_text == deltas and whole.usage == final.response.usage
+    assert whole.id != final.response.id and whole.output[0].id != final.response.output[0].id
 
 
 def test_responses_stream_cut_by_max_output_tokens_ends_with_response_incomplete():
