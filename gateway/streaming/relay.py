@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.context import Attempt, RequestContext, Timeline
+from gateway.deadline import Deadline
 from gateway.encoding import Encoder, make_encoder
 from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
 from gateway.headers import DROP_RESPONSE, copy_headers, header_value, upstream_request_id
@@ -145,7 +146,7 @@ class SSERelay:
             finally:
                 watchdog.stop()
         except asyncio.CancelledError:
-            if not watchdog.expired():
+            if not watchdog.expired_now():
                 raise
             self._on_idle()
         except (UpstreamError, UpstreamTimeout) as exc:
@@ -246,48 +247,25 @@ class SSERelay:
         await self.resp.aclose()
 
 
-class _IdleWatchdog:
-    """The stream idle timeout as one timer per stream (``asyncio.timeout`` rescheduled per
-    chunk made and cancelled a timer handle for every event): each chunk only notes the time;
-    when the timer fires early it is set again for the rest, and only a real idle stretch
-    cancels the relay's task (turned into the idle cut by :meth:`expired`)."""
+class _IdleWatchdog(Deadline):
+    """The stream idle timeout (:class:`gateway.deadline.Deadline`: one timer per stream, each
+    chunk only notes the time): a real idle stretch cancels the relay's task, turned into the
+    idle cut by :meth:`expired_now`."""
 
-    __slots__ = ("_cancelling", "_fired", "_handle", "_last", "_loop", "_task", "_timeout")
+    __slots__ = ("_cancelling", "_task")
 
     def __init__(self, timeout: float) -> None:
-        self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
+        super().__init__(task.get_loop(), timeout, task.cancel)
         self._task = task
         self._cancelling = task.cancelling()
-        self._timeout = timeout
-        self._fired = False
-        self._last = self._loop.time()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self._last + timeout, self._check
-        )
+        self.start()
 
-    def touch(self) -> None:
-        self._last = self._loop.time()
-
-    def _check(self) -> None:
-        due = self._last + self._timeout
-        if self._loop.time() < due:
-            self._handle = self._loop.call_at(due, self._check)
-            return
-        self._handle = None
-        self._fired = True
-        self._task.cancel()
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def expired(self) -> bool:
+    def expired_now(self) -> bool:
         """Whether the CancelledError being handled is this watchdog's (then it is consumed);
         any other cancellation (the client went away, shutdown) must propagate."""
-        return self._fired and self._task.uncancel() <= self._cancelling
+        return self.expired and self._task.uncancel() <= self._cancelling
 
 
 def cut_to_http(cut: UpstreamStreamError) -> GatewayError:
