@@ -90,6 +90,7 @@ class AiohttpTransport:
         connector = aiohttp.TCPConnector(
             limit=backend.max_connections,
             limit_per_host=0,
+            keepalive_timeout=backend.idle_timeout_s,  # an idle pooled connection is closed
             ttl_dns_cache=60,
             enable_cleanup_closed=False,
         )

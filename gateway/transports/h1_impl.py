@@ -5,8 +5,22 @@ ClientResponse, a payload object, a timer context and runs its signal machinery;
 under load here that was most of the gateway's own CPU per proxied request. This client does
 what a reverse proxy needs and nothing else: one write of the request head (and a bytes body),
 httptools callbacks straight into a per-response chunk queue, keep-alive pooling per backend,
-flow control both ways, and the socket timestamps the Timeline needs (SPEC §6): when the last
-request byte was handed to the socket, when the first response byte arrived, when the last did.
+flow control both ways, and the socket timestamps the Timeline needs (docs/spec.md §6): when
+the last request byte was handed to the socket, when the first response byte arrived, when the
+last did.
+
+Two small state machines, each named (httpcore's ``HTTPConnectionState``, h11's tables)::
+
+    connection:  CONNECTING ──▶ ACTIVE ◀──▶ IDLE          (any) ──close / lost──▶ CLOSED
+    exchange:    HEAD ──head──▶ BODY ──────────────end of framing──▶ COMPLETE
+                   │            BODY_UNTIL_CLOSE ──upstream closes──▶ COMPLETE
+                   └──────────── (reset, bad framing, early close) ──▶ FAILED
+
+The pool's count of open connections is the set of connections not CLOSED: a connection joins
+it when it starts connecting and leaves it once, as it enters CLOSED (:meth:`_Connection.close`
+or the loop's ``connection_lost``). An idle connection is closed after the backend's
+``idle_timeout_s`` (nginx's upstream ``keepalive_timeout``) by one timer per pool; ``aclose``
+closes every connection, idle or in use.
 
 Never follows redirects, never decompresses, never reads proxy variables: the gateway decides.
 Errors are the gateway's own (:mod:`gateway.errors`), as every transport's are.
@@ -16,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import select
 import socket
 import ssl
@@ -27,6 +42,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.config import BackendConfig
+from gateway.deadline import Deadline
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.transports.base import Body
 from gateway.types import RawHeaders
@@ -36,35 +52,69 @@ HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 
 
+class ConnectionState(enum.Enum):
+    """Where a pooled connection is (the module docstring draws the transitions)."""
+
+    CONNECTING = "connecting"  #: counted in the pool; the socket is being connected
+    ACTIVE = "active"  #: carrying one exchange
+    IDLE = "idle"  #: in the pool, kept alive for the next request
+    CLOSED = "closed"  #: closed by either side; out of the pool's count
+
+
+class ExchangeState(enum.Enum):
+    """Where one request/response is, as the parser's callbacks move it."""
+
+    HEAD = "head"  #: the answer's head is not in yet (informational 1xx answers are skipped)
+    BODY = "body"  #: the head is in; Content-Length or chunked framing says where the body ends
+    #: the head is in and names no length: the body ends when the upstream closes
+    #: (RFC 9112 §6.3, rule 8)
+    BODY_UNTIL_CLOSE = "body_until_close"
+    COMPLETE = "complete"  #: the whole answer is read
+    FAILED = "failed"  #: reset, bad framing or closed too early: ``error`` says which
+
+
+_HEAD = ExchangeState.HEAD
+_BODY = ExchangeState.BODY
+_BODY_UNTIL_CLOSE = ExchangeState.BODY_UNTIL_CLOSE
+_COMPLETE = ExchangeState.COMPLETE
+_FAILED = ExchangeState.FAILED
+_ACTIVE = ConnectionState.ACTIVE
+_IDLE = ConnectionState.IDLE
+_CLOSED = ConnectionState.CLOSED
+
+
 class _Exchange:
     """One request/response on a connection: filled by parser callbacks, read by the relay."""
 
     __slots__ = (
         "chunks",
-        "complete",
         "done_at",
         "error",
         "first_byte_at",
+        "framed",
         "head",
         "headers",
         "keep_alive",
-        "length_known",
+        "state",
         "status",
         "unread",
         "waiter",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.state = _HEAD
+        #: resolved when the final head is in (or failed with the exchange)
         self.head: asyncio.Future[None] = loop.create_future()
         self.status = 0
         self.headers: RawHeaders = []
+        #: the head being parsed has Content-Length or chunked framing
+        self.framed = False
         self.chunks: collections.deque[bytes] = collections.deque()
         self.unread = 0
-        self.complete = False
         self.keep_alive = False
-        #: Content-Length or chunked: the end is known; otherwise the body ends at close
-        self.length_known = False
+        #: why the exchange FAILED
         self.error: UpstreamError | None = None
+        #: the body reader's wait for more, while it waits
         self.waiter: asyncio.Future[None] | None = None
         self.first_byte_at: float | None = None
         self.done_at: float | None = None
@@ -82,12 +132,18 @@ _PEER_SIGNS = select.POLLIN | select.POLLRDHUP | select.POLLHUP | select.POLLERR
 class _Connection(asyncio.Protocol):
     """A pooled upstream connection; httptools calls the ``on_*`` methods from feed_data."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: H1Transport) -> None:
         self.loop = loop
+        self.state = ConnectionState.CONNECTING
+        self._pool = pool
         self.transport: asyncio.Transport | None = None
         self.exchange: _Exchange | None = None
-        self.closed = False
         self.reading_paused = False
+        #: loop time it went back to the pool (while IDLE)
+        self.idle_since = 0.0
+        #: the read timeout of every wait for the upstream (a head, then each body read): one
+        #: timer for the connection's life, set again only when it fires early (issue 15)
+        self.reading = Deadline(loop, pool.read_timeout, self._read_timed_out)
         #: when the bytes being parsed were read (data_received): the exchange's socket times
         self.read_at = 0.0
         self._parser = httptools.HttpResponseParser(self)
@@ -131,7 +187,7 @@ class _Connection(asyncio.Protocol):
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self._closed()
         self._ended(exc)
         writable = self._writable
         if writable is not None and not writable.done():
@@ -154,7 +210,7 @@ class _Connection(asyncio.Protocol):
         if name == b"content-length" or (
             name == b"transfer-encoding" and b"chunked" in value.lower()
         ):
-            ex.length_known = True
+            ex.framed = True
         ex.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -163,10 +219,11 @@ class _Connection(asyncio.Protocol):
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # informational (103 Early Hints): not ours
             ex.headers = []
-            ex.length_known = False
+            ex.framed = False
             return
         ex.status = status
         ex.keep_alive = self._parser.should_keep_alive()
+        ex.state = _BODY if ex.framed else _BODY_UNTIL_CLOSE
         if not ex.head.done():
             ex.head.set_result(None)
 
@@ -183,45 +240,53 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         ex = self.exchange
         assert ex is not None
-        if ex.status == 0:
+        if ex.state is _HEAD:
             return  # the end of an informational response
-        ex.complete = True
+        ex.state = _COMPLETE
         ex.done_at = self.read_at
         ex.wake()
 
     # ------------------------------------------------------------ helpers
 
     def _ended(self, exc: Exception | None = None) -> None:
+        """The upstream closed (EOF) or the connection was lost."""
         ex = self.exchange
-        if ex is None or ex.complete:
+        if ex is None:
             return
-        if ex.head.done() and not ex.length_known and ex.status:
-            ex.complete = True  # a body delimited by the close (RFC 9112 §6.3, rule 8)
+        state = ex.state
+        if state is _BODY_UNTIL_CLOSE:
+            ex.state = _COMPLETE  # the close is the body's end
             ex.done_at = time.perf_counter()
             ex.keep_alive = False
             ex.wake()
-            return
-        if not ex.head.done():
+        elif state is _HEAD:
             what, code = "upstream closed the connection", "upstream_disconnected"
             if exc is not None:
                 what, code = f"upstream connection failed: {exc}", "upstream_reset"
-        else:
+            self._fail(UpstreamError(what, code=code))
+        elif state is _BODY:
             what = "upstream response body is incomplete: the connection closed before its end"
-            code = "upstream_bad_framing"
-        self._fail(UpstreamError(what, code=code))
+            self._fail(UpstreamError(what, code="upstream_bad_framing"))
 
     def _fail(self, error: UpstreamError) -> None:
         ex = self.exchange
-        if ex is None or ex.complete:
+        if ex is None or ex.state is _COMPLETE or ex.state is _FAILED:
             return
+        ex.state = _FAILED
         ex.error = error
         if not ex.head.done():
             ex.head.set_exception(error)
             ex.head.exception()  # retrieved here: the caller may have given up waiting
         ex.wake()
 
+    def _read_timed_out(self) -> None:
+        """A wait for the upstream lasted the whole read timeout: the head's, or a body read's."""
+        ex = self.exchange
+        if ex is not None:
+            _expire(ex.head if ex.state is _HEAD else ex.waiter)
+
     def resume(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.closed:
+        if self.reading_paused and self.transport is not None and self.state is not _CLOSED:
             self.reading_paused = False
             self.transport.resume_reading()
 
@@ -231,22 +296,30 @@ class _Connection(asyncio.Protocol):
             await writable
 
     def close(self) -> None:
-        self.closed = True
+        self._closed()
         if self.transport is not None:
             self.transport.close()
 
+    def _closed(self) -> None:
+        """The one way into CLOSED: out of the pool's count, once."""
+        if self.state is not _CLOSED:
+            self.state = _CLOSED
+            self.reading.stop()
+            self._pool._forget(self)
+
     @property
     def reusable(self) -> bool:
-        return not self.closed and self.transport is not None and not self.transport.is_closing()
+        transport = self.transport
+        return self.state is not _CLOSED and transport is not None and not transport.is_closing()
 
     def peer_closed(self) -> bool:
         """Whether an idle connection has something the loop has not read yet: the upstream's FIN
         or RST (or bytes nobody asked for). Either way it must not carry a request: a request
         written into a connection the upstream already closed fails without an answer — a 502
-        that is never retried (SPEC §13: a reset after the request was sent). An upstream that
-        closes right after a complete answer without ``Connection: close`` makes that race
-        (the fault soak showed ~1 % of its requests); urllib3 and httpcore make the same check
-        before reuse. One poll(2) with timeout 0 per reuse."""
+        that is never retried (docs/spec.md §13: a reset after the request was sent). An
+        upstream that closes right after a complete answer without ``Connection: close`` makes
+        that race (the fault soak showed ~1 % of its requests); urllib3 and httpcore make the
+        same check before reuse. One poll(2) with timeout 0 per reuse."""
         poller = self._poll
         return poller is not None and bool(poller.poll(0))
 
@@ -254,36 +327,15 @@ class _Connection(asyncio.Protocol):
 class H1Response:
     """The answer of one exchange (the :class:`~gateway.transports.base.UpstreamResponse`)."""
 
-    __slots__ = (
-        "_conn",
-        "_ex",
-        "_pool",
-        "_read_timeout",
-        "_released",
-        "_timer",
-        "_wait_since",
-        "headers",
-        "sent_at",
-        "started_at",
-        "status",
-    )
+    __slots__ = ("_conn", "_ex", "_pool", "_released", "headers", "sent_at", "started_at", "status")
 
     def __init__(
-        self,
-        pool: H1Transport,
-        conn: _Connection,
-        ex: _Exchange,
-        started_at: float,
-        sent_at: float,
-        read_timeout: float,
+        self, pool: H1Transport, conn: _Connection, ex: _Exchange, started_at: float, sent_at: float
     ) -> None:
         self._pool = pool
         self._conn = conn
         self._ex = ex
-        self._read_timeout = read_timeout
         self._released = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._wait_since: float | None = None
         self.status = ex.status
         self.headers = ex.headers
         #: socket times (perf_counter): the attempt's start at the socket (connecting began on
@@ -303,71 +355,46 @@ class H1Response:
         ex = self._ex
         conn = self._conn
         loop = conn.loop
-        try:
-            while True:
-                while ex.chunks:
-                    chunk = ex.chunks.popleft()
-                    ex.unread -= len(chunk)
-                    if ex.unread < LOW_WATER:
-                        conn.resume()
-                    yield chunk
-                if ex.complete:
-                    return
-                if ex.error is not None:
-                    raise ex.error
-                waiter = ex.waiter = loop.create_future()
-                self._wait_since = now = loop.time()
-                if self._timer is None:
-                    self._timer = loop.call_at(now + self._read_timeout, self._check_read)
-                try:
-                    await waiter
-                except TimeoutError:
-                    conn.close()
-                    raise UpstreamTimeout(
-                        "timed out waiting for the upstream response body",
-                        code="upstream_read_timeout",
-                    ) from None
-                finally:
-                    ex.waiter = None
-                    self._wait_since = None
-        finally:
-            self._stop_timer()
-
-    def _check_read(self) -> None:
-        """The read timeout as one timer per response (not one per wait, i.e. per chunk of a
-        stream): fired early, it is set again for the wait in progress; a wait that has lasted
-        the whole timeout fails (:func:`_expire`)."""
-        self._timer = None
-        since = self._wait_since
-        if since is None:
-            return  # not waiting now: the next wait arms it again
-        loop = self._conn.loop
-        due = since + self._read_timeout
-        if loop.time() < due:
-            self._timer = loop.call_at(due, self._check_read)
-            return
-        waiter = self._ex.waiter
-        if waiter is not None:
-            _expire(waiter)
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        reading = conn.reading
+        while True:
+            while ex.chunks:
+                chunk = ex.chunks.popleft()
+                ex.unread -= len(chunk)
+                if ex.unread < LOW_WATER:
+                    conn.resume()
+                yield chunk
+            state = ex.state
+            if state is _COMPLETE:
+                return
+            if state is _FAILED:
+                assert ex.error is not None
+                raise ex.error
+            waiter = ex.waiter = loop.create_future()
+            reading.start()
+            try:
+                await waiter
+            except TimeoutError:
+                conn.close()
+                raise UpstreamTimeout(
+                    "timed out waiting for the upstream response body",
+                    code="upstream_read_timeout",
+                ) from None
+            finally:
+                ex.waiter = None
+                reading.end()
 
     async def aclose(self) -> None:
         if self._released:
             return
         self._released = True
-        self._stop_timer()
         ex = self._ex
-        if not (ex.complete and ex.keep_alive and ex.error is None and not ex.chunks):
+        if not (ex.state is _COMPLETE and ex.keep_alive and not ex.chunks):
             self._conn.close()  # unread body, or not reusable: never back to the pool
         self._pool.release(self._conn)
 
 
-def _expire(future: asyncio.Future[None]) -> None:
-    if not future.done():
+def _expire(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
         future.set_exception(TimeoutError())
 
 
@@ -394,12 +421,21 @@ class H1Transport:
             self._ssl = ssl.create_default_context()
             self._ssl.set_alpn_protocols(["http/1.1"])
         self._connect_timeout = backend.connect_timeout_s
-        self._read_timeout = backend.read_timeout_s
+        self.read_timeout = backend.read_timeout_s
+        self._idle_timeout = backend.idle_timeout_s
         self._limit = backend.max_connections
+        #: every connection not CLOSED (connecting, active, idle): the pool's one count
+        self._conns: set[_Connection] = set()
+        #: the IDLE ones, oldest first; the newest is reused first, so a surplus ages out
         self._idle: list[_Connection] = []
-        self._open = 0
+        #: the one timer that closes idle connections once they are idle_timeout_s old
+        self._sweep: asyncio.TimerHandle | None = None
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._conns)
 
     async def request(
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body
@@ -407,8 +443,7 @@ class H1Transport:
         head = self._head(method, url[self._origin_len :] or "/", headers, body)
         conn, connect_at = await self._acquire()
         # the connection's loop, not asyncio.get_running_loop(): that costs a getpid() syscall
-        loop = conn.loop
-        ex = conn.exchange = _Exchange(loop)
+        ex = conn.exchange = _Exchange(conn.loop)
         transport = conn.transport
         assert transport is not None
         try:
@@ -418,12 +453,12 @@ class H1Transport:
                 transport.write(head)
                 await self._stream_body(conn, body)
             sent_at = time.perf_counter()
-            # a timer handle, not asyncio.timeout(): one per request, measured cheaper
-            timer = loop.call_later(self._read_timeout, _expire, ex.head)
+            reading = conn.reading
+            reading.start()
             try:
                 await ex.head
             finally:
-                timer.cancel()
+                reading.end()
         except TimeoutError:
             conn.close()
             self.release(conn)
@@ -436,7 +471,7 @@ class H1Transport:
             self.release(conn)
             raise
         started_at = sent_at if connect_at is None else connect_at
-        return H1Response(self, conn, ex, started_at, sent_at, self._read_timeout)
+        return H1Response(self, conn, ex, started_at, sent_at)
 
     def _head(self, method: str, target: str, headers: list[tuple[str, str]], body: Body) -> bytes:
         lines = [f"{method} {target} HTTP/1.1\r\nhost: {self._host_header}\r\n"]
@@ -463,28 +498,29 @@ class H1Transport:
             if chunk:
                 transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                 await conn.drain()
-            if conn.closed:
+            if conn.state is _CLOSED:
                 raise UpstreamError("upstream closed the connection", code="upstream_disconnected")
         transport.write(b"0\r\n\r\n")
 
     # ------------------------------------------------------------ the pool
 
     async def _acquire(self) -> tuple[_Connection, float | None]:
-        while self._idle:
-            conn = self._idle.pop()
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
             if conn.reusable and not conn.peer_closed():
+                conn.state = _ACTIVE
                 return conn, None
             conn.close()
-            self._open -= 1
-        while self._open >= self._limit:
+        while len(self._conns) >= self._limit:
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
             try:
-                async with asyncio.timeout(self._read_timeout):
+                async with asyncio.timeout(self.read_timeout):
                     await waiter
             except TimeoutError:
                 raise UpstreamTimeout(
-                    f"no free upstream connection within {self._read_timeout:g} s "
+                    f"no free upstream connection within {self.read_timeout:g} s "
                     f"(max_connections = {self._limit})",
                     code="upstream_pool_timeout",
                     request_sent=False,
@@ -492,23 +528,27 @@ class H1Transport:
             finally:
                 if waiter in self._waiting:
                     self._waiting.remove(waiter)
-            if self._idle:
+            if idle:
                 return await self._acquire()
-        self._open += 1
+        if self._closed:
+            raise UpstreamConnectError("the upstream pool is closed: the gateway is stopping")
+        loop = asyncio.get_running_loop()
+        conn = _Connection(loop, self)
+        self._conns.add(conn)
         start = time.perf_counter()
         try:
-            return await self._connect(), start
+            await self._connect(loop, conn)
         except BaseException:
-            self._open -= 1
-            self._wake_one()
+            conn.close()
             raise
+        conn.state = _ACTIVE
+        return conn, start
 
-    async def _connect(self) -> _Connection:
-        loop = asyncio.get_running_loop()
+    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: _Connection) -> None:
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(loop),
+                await loop.create_connection(
+                    lambda: conn,
                     self._host,
                     self._port,
                     ssl=self._ssl,
@@ -522,16 +562,46 @@ class H1Transport:
             ) from None
         except (OSError, ssl.SSLError) as exc:
             raise UpstreamConnectError(f"cannot connect to the upstream: {exc}") from exc
-        return conn
 
     def release(self, conn: _Connection) -> None:
-        """A connection back to the pool (or counted out, when it is closed)."""
+        """A connection back to the pool (IDLE), or closed when it cannot carry another request
+        or the pool is closed."""
         conn.exchange = None
-        if conn.reusable and not self._closed:
-            self._idle.append(conn)
-        else:
-            self._open -= 1
+        if self._closed or not conn.reusable:
+            conn.close()
+            return
+        conn.state = _IDLE
+        conn.idle_since = now = conn.loop.time()
+        self._idle.append(conn)
+        if self._sweep is None:
+            self._sweep = conn.loop.call_at(now + self._idle_timeout, self._close_idle)
         self._wake_one()
+
+    def _forget(self, conn: _Connection) -> None:
+        """A connection entered CLOSED (:meth:`_Connection._closed`, once): its place is free."""
+        self._conns.discard(conn)
+        self._wake_one()
+
+    def _close_idle(self) -> None:
+        """The idle timeout: close the connections idle for ``idle_timeout_s`` (the oldest are
+        first in the list) and set the timer again for the oldest one left."""
+        self._sweep = None
+        idle = self._idle
+        if not idle:
+            return
+        loop = idle[0].loop
+        cutoff = loop.time() - self._idle_timeout
+        n = 0
+        for conn in idle:
+            if conn.idle_since > cutoff:
+                break
+            n += 1
+        expired = idle[:n]
+        del idle[:n]
+        for conn in expired:
+            conn.close()
+        if idle:
+            self._sweep = loop.call_at(idle[0].idle_since + self._idle_timeout, self._close_idle)
 
     def _wake_one(self) -> None:
         while self._waiting:
@@ -541,8 +611,12 @@ class H1Transport:
                 return
 
     async def aclose(self) -> None:
+        """Close every connection, idle or still in use (the runtime's shutdown, after the
+        drain); a response released later finds its connection closed."""
         self._closed = True
-        for conn in self._idle:
-            conn.close()
-        self._open -= len(self._idle)
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         self._idle.clear()
+        for conn in list(self._conns):
+            conn.close()

@@ -72,6 +72,8 @@ class HttpxTransport:
             limits=httpx2.Limits(
                 max_connections=backend.max_connections,
                 max_keepalive_connections=backend.max_connections,
+                # httpcore checks it whenever the pool is used (it has no timer of its own)
+                keepalive_expiry=backend.idle_timeout_s,
             ),
             timeout=httpx2.Timeout(
                 connect=backend.connect_timeout_s,

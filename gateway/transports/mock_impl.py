@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from urllib.parse import urlsplit
 
 from gateway.config import BackendConfig
@@ -37,7 +37,7 @@ class MockResponse:
                 yield chunk
 
     async def aclose(self) -> None:
-        if self._events is not None and hasattr(self._events, "aclose"):
+        if isinstance(self._events, AsyncGenerator):  # the mock's streams are async generators
             await self._events.aclose()
 
 

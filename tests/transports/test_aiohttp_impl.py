@@ -44,3 +44,26 @@ def test_aiohttp_client_streams_unbuffered(gateway, upstream):
             # the third event is here before the upstream sent the fourth
             assert len(sent_at) <= 3
     assert len(arrived) >= 8
+
+
+def test_aiohttp_pool_closes_idle_connections_after_idle_timeout(upstream):
+    import asyncio
+
+    from gateway.config import BackendConfig
+    from gateway.transports.aiohttp_impl import AiohttpTransport
+    from tests.support import answering
+    from tests.transports.test_h1_impl import until
+
+    up = upstream(answering(b"{}"))
+
+    async def main() -> None:
+        t = AiohttpTransport(BackendConfig(name="b", url=up.url, idle_timeout_s=0.1))
+        resp = await t.request("GET", up.url + "/models", [], None)
+        assert b"".join([c async for c in resp.aiter_raw()]) == b"{}"
+        await resp.aclose()
+        # no request comes: the pool itself closes the idle socket
+        await until(lambda: up.closed_connections == 1, "the idle connection is closed")
+        await t.aclose()
+
+    asyncio.run(main())
+    assert up.connections == 1

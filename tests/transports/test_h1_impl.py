@@ -237,3 +237,166 @@ def test_a_streamed_request_body_goes_chunked(scripted):
     run(main)
     (seen,) = up.requests
     assert seen.body == b"abcd" and seen.header("transfer-encoding") == "chunked"
+
+
+# ---------------------------------------------------------------- the pool's sockets
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait (at most 5 s) for something the upstream sees, e.g. a connection's EOF."""
+    deadline = time.monotonic() + 5
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within 5 s: {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_a_connection_released_after_the_pool_closed_is_closed_not_only_counted_out(scripted):
+    up = scripted(answering(b'{"ok": true}'))
+    t = transport(up.url)
+
+    async def main() -> None:
+        resp = await t.request("GET", up.url + "/models", [], None)
+        assert b"".join([c async for c in resp.aiter_raw()]) == b'{"ok": true}'
+        await t.aclose()  # shutdown while the answer is still held
+        await resp.aclose()  # complete and keep-alive: it would have gone back to the pool
+        await until(lambda: up.closed_connections == 1, "the upstream sees the socket close")
+        assert t.open_connections == 0
+
+    run(main)
+    assert up.connections == 1
+
+
+def test_an_idle_connection_is_closed_after_idle_timeout(scripted):
+    up = scripted(answering(b"{}"))
+    t = transport(up.url, idle_timeout_s=0.1)
+
+    async def main() -> None:
+        assert await body_of(await t.request("GET", up.url + "/models", [], None)) == b"{}"
+        # no request comes: the pool itself closes the idle socket (nginx keepalive_timeout)
+        await until(lambda: up.closed_connections == 1, "the idle connection is closed")
+        assert t.open_connections == 0
+        assert await body_of(await t.request("GET", up.url + "/models", [], None)) == b"{}"
+        await t.aclose()
+
+    run(main)
+    assert up.connections == 2
+
+
+def test_an_idle_connection_within_idle_timeout_is_reused(scripted):
+    up = scripted(answering(b"{}"))
+    t = transport(up.url, idle_timeout_s=30)
+
+    async def main() -> None:
+        for _ in range(3):
+            assert await body_of(await t.request("GET", up.url + "/models", [], None)) == b"{}"
+            await asyncio.sleep(0.05)
+        assert t.open_connections == 1
+        await t.aclose()
+        await until(lambda: up.closed_connections == 1, "aclose closes the idle connection")
+        assert t.open_connections == 0
+
+    run(main)
+    assert up.connections == 1
+
+
+def test_aclose_closes_connections_still_in_use(scripted):
+    async def endless(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(sse_head() + chunk(b"data: {}\n\n"))
+        for _ in range(500):  # never ends by itself; a write fails once the gateway closed
+            await asyncio.sleep(0.02)
+            writer.write(chunk(b": ping\n\n"))
+            await writer.drain()
+        return False
+
+    up = scripted(endless)
+    t = transport(up.url)
+
+    async def main() -> None:
+        resp = await t.request("POST", up.url + "/x", [], b"{}")
+        body = resp.aiter_raw()
+        assert await body.__anext__() == b"data: {}\n\n"
+        await t.aclose()  # the runtime's shutdown, with a stream left over after the grace
+        await until(lambda: up.closed_connections == 1, "aclose closes the stream's socket")
+        with pytest.raises(UpstreamError):  # after what arrived before the close
+            async for _ in body:
+                pass
+        await resp.aclose()
+        assert t.open_connections == 0
+
+    run(main)
+
+
+def test_failed_connects_free_their_place_in_the_pool():
+    t = transport(f"http://127.0.0.1:{free_port()}/v1", max_connections=1)
+
+    async def main() -> None:
+        for _ in range(3):  # never a pool timeout: each failure gave its place back
+            with pytest.raises(UpstreamConnectError):
+                await t.request("GET", "http://x/v1/models", [], None)
+        assert t.open_connections == 0
+        await t.aclose()
+
+    run(main)
+
+
+# ---------------------------------------------------------------- the read timeout
+
+
+def test_the_read_timeout_cuts_a_body_wait_not_a_stream_that_keeps_coming(scripted):
+    async def steady_then_stall(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(sse_head())
+        for i in range(6):  # 0.6 s in all, more than the read timeout, gaps well under it
+            writer.write(chunk(b"data: %d\n\n" % i))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        if req.target.endswith("/stall"):
+            await asyncio.sleep(5)
+        writer.write(LAST_CHUNK)
+        return True
+
+    up = scripted(steady_then_stall)
+    t = transport(up.url, read_timeout_s=0.4)
+
+    async def main() -> None:
+        resp = await t.request("POST", up.url + "/ends", [], b"{}")
+        assert (await body_of(resp)).count(b"data: ") == 6
+        resp = await t.request("POST", up.url + "/stall", [], b"{}")
+        got: list[bytes] = []
+        with pytest.raises(UpstreamTimeout) as info:
+            async for part in resp.aiter_raw():
+                got.append(part)
+        await resp.aclose()
+        assert info.value.code == "upstream_read_timeout"
+        assert b"".join(got).count(b"data: ") == 6
+        assert t.open_connections == 0  # a timed-out connection is never reused
+        await t.aclose()
+
+    run(main)
+
+
+def test_a_kept_alive_connection_times_each_wait_from_its_own_start(scripted):
+    """The read timeout is one timer per connection, kept across requests: set for an earlier
+    wait, it must neither cut a later wait short nor let one last for ever."""
+
+    async def later(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        if req.target.endswith("/late"):
+            await asyncio.sleep(0.5)
+        if req.target.endswith("/never"):
+            await asyncio.sleep(5)
+        writer.write(http_response(200, b"{}"))
+        return True
+
+    up = scripted(later)
+    t = transport(up.url, read_timeout_s=1.0)
+
+    async def main() -> None:
+        assert await body_of(await t.request("GET", up.url + "/now", [], None)) == b"{}"
+        await asyncio.sleep(0.7)  # the timer set for the first wait fires during the next one
+        assert await body_of(await t.request("GET", up.url + "/late", [], None)) == b"{}"
+        with pytest.raises(UpstreamTimeout):
+            await t.request("GET", up.url + "/never", [], None)
+        await t.aclose()
+
+    run(main)
+    assert up.connections == 1

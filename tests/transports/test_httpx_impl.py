@@ -129,3 +129,36 @@ def test_http2_backend_unreachable_is_502(gateway):
     )
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_connect_error"
+
+
+def test_http2_pool_does_not_reuse_a_connection_idle_past_idle_timeout(h2):
+    from gateway.config import BackendConfig
+    from gateway.transports.httpx_impl import HttpxTransport
+
+    ports: list[int] = []
+    app = h2._app
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            ports.append(scope["client"][1])  # one client port per connection
+        await app(scope, receive, send)
+
+    h2._app = asgi
+
+    async def one(t: HttpxTransport) -> None:
+        resp = await t.request("GET", h2.url + "/models", [], None)
+        assert resp.status == 200
+        async for _ in resp.aiter_raw():
+            pass
+        await resp.aclose()
+
+    async def main() -> None:
+        t = HttpxTransport(BackendConfig(name="b", url=h2.url, http2=True, idle_timeout_s=0.1))
+        await one(t)
+        await one(t)  # at once: the same connection
+        await asyncio.sleep(0.3)  # idle past idle_timeout_s
+        await one(t)
+        await t.aclose()
+
+    asyncio.run(main())
+    assert ports[0] == ports[1] != ports[2]
