@@ -1,7 +1,7 @@
 """The gateway under uvicorn (uvloop + httptools): slow clients, connection limit, drain.
 
-What stock uvicorn does not do, and the gateway needs in front of the internet (SPEC §4
-``[server]``, §13):
+What stock uvicorn does not do, and the gateway needs in front of the internet (docs/spec.md
+§4 ``[server]``, §13):
 
 - ``client_header_timeout_s`` (nginx ``client_header_timeout``, Envoy
   ``request_headers_timeout``): a connection that has not sent a whole request head that long
@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
 import inspect
+import logging
 import os
 import signal
 import socket
@@ -50,9 +52,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 from uvicorn.supervisors.multiprocess import Multiprocess
 
-from gateway.config import Config
+from gateway.config import Config, is_loopback
 from gateway.context import RECEIVED_AT
+from gateway.deadline import Deadline
 from gateway.errors import error_body
+from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
 from gateway.types import ASGIApp
 
 #: a worker that could not start (uvicorn's convention)
@@ -166,11 +170,33 @@ class OneWrite:
         return self._transport.is_closing()
 
 
+class Awaiting(enum.Enum):
+    """What a client connection owes the gateway next, as the guards see it::
+
+        accept ──▶ HEAD ──head in──▶ BODY ──message complete──▶ NOTHING
+                    ▲                                              │
+                    └──────────── the next request's first byte ───┘
+
+    One timer per connection serves all three (:class:`~gateway.deadline.Deadline`).
+    """
+
+    #: a request head: due ``client_header_timeout_s`` after the accept (a connection's first
+    #: request) or after the request's first byte (a kept-alive connection's next one)
+    HEAD = "head"
+    #: the rest of the request body: no gap between two reads over ``client_body_timeout_s``
+    #: (time the gateway is not reading never counts)
+    BODY = "body"
+    #: the request is read, or the connection is between requests (uvicorn's keep-alive
+    #: timeout watches that)
+    NOTHING = "nothing"
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the client guards: header and body timeouts, and a
-    connection limit. Timers are plain ``call_at`` handles, armed only when a read leaves a
-    request head or body unfinished (re-armed only when one fires early, never per chunk): a
-    request that arrives in one read costs none.
+    connection limit. The guards' one :class:`~gateway.deadline.Deadline` per connection times
+    what the client owes (:class:`Awaiting`); its timer is armed only when a read leaves a
+    request head or body unfinished (and set again only when it fires early, never per chunk):
+    a request that arrives in one read costs none.
 
     Two more things for the Timeline and the hot path (issue 15): the request's first byte read
     is stamped into the scope (:data:`gateway.context.RECEIVED_AT`), and each request's cycle
@@ -184,14 +210,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self.client_limits: ClientLimits = getattr(config, "client_limits", ClientLimits())
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
-        #: loop time the head in progress began (the accept, for a connection's first request;
-        #: None between requests); a body's last read, while one is still expected
-        self._head_since: float | None = None
-        self._body_read_at = 0.0
-        self._body_pending = False
+        gateway = config if isinstance(config, GatewayUvicornConfig) else None
+        self.client_limits = ClientLimits() if gateway is None else gateway.client_limits
+        self._freeze_gc = gateway is not None and gateway.freeze_gc
+        self.awaiting = Awaiting.NOTHING
+        self._guard = Deadline(self.loop, self.client_limits.header_timeout_s, self._guard_expired)
         self._out: OneWrite | None = None
         self._head_bytes = 0
         self._head_count = 0
@@ -200,7 +223,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if getattr(self.config, "freeze_gc", False):
+        if self._freeze_gc:
             freeze_startup_objects()
         self._out = OneWrite(transport, self.loop)
         limits = self.client_limits
@@ -212,33 +235,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()
             return
         # a client that sends nothing at all: its head is due within the timeout of the accept
-        self._head_since = self.loop.time()
-        self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timed_out)
+        self._expect(Awaiting.HEAD)
+        self._guard.arm()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        # The guards' timers are armed only when a read leaves a head or a body unfinished: a
-        # request that arrives whole in one read (nearly all of them) costs no timer at all.
-        if self._head_since is not None and self._head_timer is None:
-            due = self._head_since + self.client_limits.header_timeout_s
-            self._head_timer = self.loop.call_at(due, self._head_timed_out)
-        if self._body_pending and self._body_timer is None:
-            due = self._body_read_at + self.client_limits.body_timeout_s
-            self._body_timer = self.loop.call_at(due, self._body_stalled)
+        # a read that leaves a head or a body unfinished arms the guard's timer (if it is not):
+        # a request that arrives whole in one read (nearly all of them) costs no timer at all
+        self._guard.arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timers()
+        self.awaiting = Awaiting.NOTHING
+        self._guard.stop()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         # httptools calls this from data_received on the request's first byte: that read is the
-        # Timeline's ``received`` (SPEC §6), before parsing, the ASGI task and any queueing
+        # Timeline's ``received`` (docs/spec.md §6), before parsing, the ASGI task and queueing
         received = time.perf_counter()
         self._head_bytes = self._head_count = 0
         super().on_message_begin()
         self.scope[RECEIVED_AT] = received  # type: ignore[literal-required]
-        if self._head_since is None:  # a kept-alive connection's next request: from its 1st byte
-            self._head_since = self.loop.time()
+        if self.awaiting is Awaiting.NOTHING:  # a kept-alive connection's next request
+            self._expect(Awaiting.HEAD)
 
     def on_url(self, url: bytes) -> None:
         self._head_bytes += len(url)
@@ -281,14 +300,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def on_headers_complete(self) -> None:
-        self._head_since = None
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
         super().on_headers_complete()
         # a body may follow: the gaps between its reads are watched until message complete
-        self._body_read_at = self.loop.time()
-        self._body_pending = True
+        self._expect(Awaiting.BODY)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         # the cycle starts now (at once, or a pipelined one after the previous response): its
@@ -299,48 +313,56 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.transport = out  # type: ignore[assignment]
         super()._start_asgi_task(cycle, app)
 
+    def handle_websocket_upgrade(self) -> None:
+        # the connection is the WebSocket protocol's from here on: the guards let go of it
+        self._expect(Awaiting.NOTHING)
+        super().handle_websocket_upgrade()
+
     def on_body(self, body: bytes) -> None:
-        self._body_read_at = self.loop.time()
+        self._guard.touch()
         super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._body_pending = False
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._expect(Awaiting.NOTHING)
         super().on_message_complete()
 
     # ------------------------------------------------------------ the guards
 
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if self._head_since is None:  # the head arrived meanwhile
-            return
-        timeout = self.client_limits.header_timeout_s
-        self._close_with_408(
-            "client_header_timeout", f"the request head did not arrive within {timeout:g} s"
-        )
+    def _expect(self, what: Awaiting) -> None:
+        """The guards' one transition: what the client owes next, from now. A timer armed for
+        what it owed before is cancelled (it may be due too late for the new timeout)."""
+        self.awaiting = what
+        guard = self._guard
+        guard.stop()
+        if what is Awaiting.HEAD:
+            guard.timeout = self.client_limits.header_timeout_s
+            guard.begin()
+        elif what is Awaiting.BODY:
+            guard.timeout = self.client_limits.body_timeout_s
+            guard.begin()
 
-    def _body_stalled(self) -> None:
-        self._body_timer = None
-        cycle = self.cycle
-        if not self._body_pending or cycle is None or self.transport.is_closing():
+    def _guard_expired(self) -> None:
+        """The guard's deadline passed: the client owed a head, or body bytes, that long."""
+        if self.transport.is_closing():
             return
-        timeout = self.client_limits.body_timeout_s
-        now = self.loop.time()
+        timeout = self._guard.timeout
+        if self.awaiting is Awaiting.HEAD:
+            self._close_with_408(
+                "client_header_timeout", f"the request head did not arrive within {timeout:g} s"
+            )
+            return
+        cycle = self.cycle
+        if cycle is None:
+            return
         if self.flow.read_paused or cycle.waiting_for_100_continue:
-            self._body_read_at = now  # the gateway is not reading: not the client's time
-        left = self._body_read_at + timeout - now
-        if left > 0:
-            self._body_timer = self.loop.call_later(left, self._body_stalled)
+            self._guard.start()  # the gateway is not reading: not the client's time
             return
         self._close_with_408(
             "client_body_timeout", f"no request body bytes arrived for {timeout:g} s"
         )
 
     def _close_with_408(self, code: str, message: str) -> None:
-        if self.transport.is_closing():
-            return
+        self.awaiting = Awaiting.NOTHING
         cycle = self.cycle
         if cycle is None or cycle.response_complete or not cycle.response_started:
             self.transport.write(_canned(b"408 Request Timeout", code, message))
@@ -349,12 +371,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self.transport.close()
-
-    def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._body_timer):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self._body_timer = None
 
 
 _RETRY_1 = b"retry-after: 1\r\n"
@@ -409,6 +425,11 @@ def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> Gate
         port=server.port,
         loop="uvloop",
         http=GuardedHttpToolsProtocol,
+        # GET /v1/realtime (docs/spec.md §19): websockets' sans-I/O protocol with socket stamps;
+        # frames over [realtime] max_message_bytes close the session with 1009; no deflate
+        ws=RealtimeWebSocketProtocol,
+        ws_max_size=config.realtime.max_message_bytes,
+        ws_per_message_deflate=False,
         lifespan="on",
         proxy_headers=False,  # the edge hop decides whom to trust (edge.trusted_proxies)
         server_header=False,
@@ -422,23 +443,95 @@ def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> Gate
     return GatewayUvicornConfig(app, ClientLimits.of(config), **options)
 
 
-def serve(config: Config) -> int:
-    """Run the gateway until SIGTERM (drained: 0) or SIGINT; workers > 1 under the supervisor."""
-    server = config.server
-    print(
-        f"gateway: serving on http://{server.host}:{server.port} (config: {config.source})",
-        file=sys.stderr,
-        flush=True,
-    )
-    if server.workers > 1:
-        return _serve_workers(config)
-    from gateway.app import Gateway
+#: the gateway's own lines (``serving on``, a port in use, the startup warnings); a configured
+#: formatter (``[logging] format``) formats them like every other line
+log = logging.getLogger("gateway")
 
-    uv = uvicorn_config(config, Gateway(config))
+
+def say(level: int, message: str) -> None:
+    """One of ``gateway serve``'s own lines, through :data:`log`. While logging has no handler
+    for it at all, the line goes to stderr as it is (logging's last resort would drop an info
+    line and prefix nothing)."""
+    if log.hasHandlers():
+        log.log(level, message)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def exposure_warning(config: Config) -> str | None:
+    """The startup warning of docs/spec.md §3: listening beyond loopback, no client keys asked
+    for, and a backend that sends its own key — anyone who reaches the port spends it."""
+    if is_loopback(config.server.host) or config.auth.mode != "off":
+        return None
+    keyed = [b.name for b in config.backends if b.api_key_env]
+    if not keyed:
+        return None
+    names = ", ".join(keyed)
+    sends = (
+        f"backend {names} sends its own key"
+        if len(keyed) == 1
+        else f"backends {names} send their own keys"
+    )
+    return (
+        f'gateway: warning: listening on {config.server.host} with [auth] mode = "off" while '
+        f"{sends}: anyone who reaches the port spends {'it' if len(keyed) == 1 else 'them'}; "
+        f'[auth] mode = "keys" closes it'
+    )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything else starts, as uvicorn binds one for its
+    workers (SO_REUSEADDR, IPv6 for an address with a colon). The server listens on it once
+    the app is up (``create_server(sock=…)``): until then a connection is refused, not queued
+    behind a startup that may fail."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def serve(config: Config) -> int:
+    """Run the gateway until SIGTERM (drained: 0) or SIGINT; workers > 1 under the supervisor.
+
+    It says "serving on …" only once the socket is bound; an address that cannot be bound (in
+    use, not this machine's, a privileged port) is one line naming it and exit status
+    :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
+    server = config.server
+    workers = server.workers > 1
+    if workers:
+        uv = uvicorn_config(config, "gateway.app:create_app", factory=True, workers=server.workers)
+    else:
+        from gateway.app import Gateway
+
+        uv = uvicorn_config(config, Gateway(config))
     uv.freeze_gc = True
-    gateway_server = GatewayServer(uv)
-    gateway_server.run()
-    return 0 if gateway_server.started else STARTUP_FAILURE
+    warning = exposure_warning(config)
+    if warning is not None:
+        say(logging.WARNING, warning)
+    address = _address(server.host, server.port)
+    try:
+        sock = bind(server.host, server.port)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        say(logging.ERROR, f"gateway: cannot listen on {address}: {reason}")
+        return STARTUP_FAILURE
+    with sock:
+        say(logging.INFO, f"gateway: serving on http://{address} (config: {config.source})")
+        if workers:
+            return _serve_workers(uv, sock)
+        gateway_server = GatewayServer(uv)
+        gateway_server.run(sockets=[sock])
+        return 0 if gateway_server.started else STARTUP_FAILURE
 
 
 def _supervisor(uv: GatewayUvicornConfig, sock: socket.socket) -> Supervisor:
@@ -449,17 +542,12 @@ def _supervisor(uv: GatewayUvicornConfig, sock: socket.socket) -> Supervisor:
     return Supervisor(uv, sockets=[sock])
 
 
-def _serve_workers(config: Config) -> int:
+def _serve_workers(uv: GatewayUvicornConfig, sock: socket.socket) -> int:
     from gateway.telemetry.metrics import METRICS_DIR_ENV
 
     # the workers' metrics snapshots, merged by whichever worker answers /metrics
     with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
         os.environ[METRICS_DIR_ENV] = shared
-        uv = uvicorn_config(
-            config, "gateway.app:create_app", factory=True, workers=config.server.workers
-        )
-        uv.freeze_gc = True
-        sock = uv.bind_socket()
         supervisor = _supervisor(uv, sock)
         supervisor.run()
     failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
@@ -467,11 +555,14 @@ def _serve_workers(config: Config) -> int:
 
 
 __all__ = [
+    "Awaiting",
     "ClientLimits",
     "GatewayServer",
     "GatewayUvicornConfig",
     "GuardedHttpToolsProtocol",
     "Supervisor",
+    "bind",
+    "exposure_warning",
     "serve",
     "uvicorn_config",
 ]
