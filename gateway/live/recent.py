@@ -247,24 +247,24 @@ def waterfall(snap: tuple[Any, ...], clock: _Clock | None = None) -> list[dict[s
     done = snap[_DONE]
     intervals = _clamped(snap)
     # the waits, shared among the gaps between attempts (the Timeline keeps their total)
-    between = sum(iv[2] - cursor for cursor, iv, retry in intervals if retry)
+    between = sum(iv[2] - gap_start for gap_start, iv, retry in intervals if retry)
     share = min(1.0, snap[_BACKOFF] / between) if between > 0 else 0.0
-    cursor = snap[_RECEIVED]
-    for cursor, (name, kind, s, e, extra), retry in intervals:
-        if s > cursor:  # between two intervals: preparing an attempt, waiting to retry
-            wait_from = max(cursor, s - (s - cursor) * share) if retry else s
-            if wait_from > cursor:
-                out.append(_segment("gateway", "gap", clock.at(cursor), clock.at(wait_from)))
+    end = snap[_RECEIVED]
+    for gap_start, (name, kind, s, e, extra), retry in intervals:
+        if s > gap_start:  # between two intervals: preparing an attempt, waiting to retry
+            wait_from = max(gap_start, s - (s - gap_start) * share) if retry else s
+            if wait_from > gap_start:
+                out.append(_segment("gateway", "gap", clock.at(gap_start), clock.at(wait_from)))
             if s > wait_from:
                 out.append(_segment("backoff", "backoff", clock.at(wait_from), clock.at(s)))
         first_byte = extra.pop("first_byte", None)
         if first_byte is not None:
             extra["first_byte_ms"] = _r(clock.at(min(max(first_byte, s), e)))
         out.append(_segment(name, kind, clock.at(s), clock.at(e), **extra))
-        cursor = e
-    if cursor < done:
+        end = e
+    if end < done:
         tail = "relay" if snap[_ATTEMPTS] else "replay" if snap[_ROUTED] is not None else "respond"
-        out.append(_segment(tail, "gateway", clock.at(cursor), clock.at(done)))
+        out.append(_segment(tail, "gateway", clock.at(end), clock.at(done)))
     return out
 
 

@@ -295,9 +295,7 @@ class LiveView:
         records = rt.recent.records()
         health = rt.health.snapshot()  # what /readyz reports
         body = {
-            "backends": [
-                backend_row(b, health.get(b.name, {}), records) for b in rt.backends.values()
-            ],
+            "backends": [backend_row(b, health[b.name], records) for b in rt.backends.values()],
             # what /readyz reports next to the backends
             "cache": rt.cache.state(),
             "tracing": rt.tracing.state(),
@@ -499,14 +497,8 @@ def backend_row(
     """
     cfg = b.config
     transport = "mock" if cfg.is_mock else "h2" if cfg.http2 else "http/1.1"
-    state = str(health.get("state", "up"))
-    models = health.get("models")
-    shown = {
-        **health,
-        "state": state,
-        "label": STATE_LABELS.get(state, state),
-        "models": dict(models) if isinstance(models, Mapping) else {},
-    }
+    state = health["state"]
+    shown = {"models": {}, **health, "label": STATE_LABELS.get(state, state)}
     attempts = [a for r in records for a in r["attempts"] if a["backend"] == b.name]
     failed = [a for a in attempts if a["error"] is not None or (a["status"] or 0) >= 500]
     return {

@@ -162,7 +162,7 @@
     if (h.probe_in_s !== undefined && h.state === "ejected") health.append(el("span", "muted", " (probe in " + h.probe_in_s + " s)"));
     if (models.length) {
       const list = el("span", "models error");
-      list.textContent = " · models out: " + models.map(([m, state]) => m + " " + (typeof state === "object" ? state.state : state)).join(", ");
+      list.textContent = " · models out: " + models.map(([m, state]) => m + " " + state).join(", ");
       health.append(list);
     }
     health.title = Object.entries(h)
