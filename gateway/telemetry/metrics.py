@@ -146,7 +146,8 @@ class Metrics:
             "gateway_errors", "Answers that were errors", ("status_code", "error_type")
         )
         self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
-        self.counters = (self.requests, self.tokens, self.errors, self.cache)
+        self.counters: tuple[Counter, ...] = (self.requests, self.tokens)
+        self.counters = (*self.counters, self.errors, self.cache)
         self.histograms: tuple[Histogram, ...] = (
             self.request_duration,
             self.upstream_duration,
@@ -162,6 +163,10 @@ class Metrics:
         self._gauges = gauges
         #: requests in flight (their route is read at scrape time: it may not be known yet)
         self.inflight: dict[int, RequestContext] = {}
+        #: realtime sessions (docs/spec.md §19): their counter and histogram scrape as the others
+        self.realtime = RealtimeMetrics()
+        self.counters = (*self.counters, self.realtime.sessions)
+        self.histograms = (*self.histograms, self.realtime.message_overhead)
 
     # ------------------------------------------------------------ per request
 
@@ -249,6 +254,7 @@ class Metrics:
         }
         for name, series in (self._gauges() if self._gauges else {}).items():
             gauges[name] = [[list(labels), v] for labels, v in series.items()]
+        gauges["gateway_realtime_sessions"] = [[[], float(self.realtime.open)]]
         return {
             "pid": os.getpid(),
             "counters": {
@@ -443,3 +449,31 @@ class _Families:
 
     def collect(self) -> Iterator[Metric]:
         return self._metrics.families(self._snapshots)
+
+
+# ---------------------------------------------------------------- realtime (docs/spec.md §19)
+
+
+class RealtimeMetrics:
+    """The realtime sessions of one process: open now (``gateway_realtime_sessions``), ended
+    by close code, and the per-message overhead in each direction (from a message's last byte
+    read on one side to its write on the other)."""
+
+    __slots__ = ("message_overhead", "open", "sessions")
+
+    DIRECTIONS = ("client_to_upstream", "upstream_to_client")
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.sessions = Counter(
+            "gateway_realtime_sessions", "Realtime sessions ended, by close code", ("close_code",)
+        )
+        self.message_overhead = Histogram(
+            "gateway_realtime_message_overhead_seconds",
+            "Per-message delay the gateway adds to a realtime session (read to written)",
+            ("direction",),
+            FINE_BUCKETS,
+        )
+
+
+GAUGES["gateway_realtime_sessions"] = ("Realtime sessions open", (), sum)

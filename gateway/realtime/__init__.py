@@ -1,0 +1,12 @@
+"""Realtime over WebSocket: ``GET /v1/realtime`` sessions relayed to a model (docs/spec.md §19).
+
+- :mod:`.session`: one session end to end (the hops before the upgrade, accept, relay, telemetry);
+- :mod:`.upstream`: the upstream socket (``websockets``' client, or the in-process mock) and the
+  handshake's attempts, retries and fallback;
+- :mod:`.relay`: the two pumps and the one close path, the limits;
+- :mod:`.events`: what the relay reads in the events it passes on (model responses);
+- :mod:`.spans`: the session's spans;
+- :mod:`.server_protocol`: uvicorn's WebSocket protocol with the socket stamps the Timeline needs.
+
+Nothing is imported here: ``gateway.server`` imports the protocol alone.
+"""

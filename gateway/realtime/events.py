@@ -1,0 +1,196 @@
+"""What the relay notices in the events it passes on (docs/spec.md §19): model responses.
+
+The relay never changes a message; it only reads the ``type`` of text messages, cheaply
+(:func:`event_type`: a prefix check for the ``{"type":"…"`` every OpenAI event starts with, a
+parse only of small messages that put it elsewhere), and parses the few events a response's
+telemetry needs: ``response.created`` (its id), the first ``response.*.delta`` of each response
+(TTFT), ``response.done`` (status and usage).
+
+TTFT of a response = its first delta written to the client minus what started it: the client's
+``response.create`` as the gateway read it, or with server VAD the upstream's
+``input_audio_buffer.committed`` (docs/spec.md §19). Usage is the Realtime API's
+(``input_tokens``, ``input_token_details.cached_tokens``, ``output_tokens``; the Responses
+API's ``input_tokens_details`` is read too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+#: messages up to this size whose type is not at their start are parsed to find it
+PARSE_LIMIT = 64 * 1024
+_PREFIXES = ('{"type":"', '{"type": "')
+
+#: the deltas a response's first content is (GA names, and the beta's)
+DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.function_call_arguments.delta",
+        "response.text.delta",
+        "response.audio.delta",
+        "response.audio_transcript.delta",
+    }
+)
+
+
+def event_type(message: str) -> str | None:
+    """The ``type`` of an event (None: not an event the relay can read cheaply).
+
+    >>> event_type('{"type":"response.done","response":{}}')
+    'response.done'
+    >>> event_type('{"event_id": "e1", "type": "response.create"}')
+    'response.create'
+    """
+    for prefix in _PREFIXES:
+        if message.startswith(prefix):
+            start = len(prefix)
+            end = message.find('"', start)
+            return message[start:end] if end > 0 else None
+    if len(message) > PARSE_LIMIT:
+        return None
+    try:
+        event = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return None
+    kind = event.get("type") if isinstance(event, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _object(message: str) -> dict[str, Any]:
+    try:
+        event = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return {}
+    return event if isinstance(event, dict) else {}
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+class ModelResponse:
+    """One model response in a session: its span, TTFT and usage."""
+
+    __slots__ = (
+        "cached_tokens",
+        "created",
+        "done",
+        "first_delta",
+        "id",
+        "input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "span_id",
+        "status",
+        "trigger",
+    )
+
+    def __init__(self, response_id: str, created: float, trigger: float | None) -> None:
+        self.id = response_id
+        self.created = created
+        self.trigger = trigger
+        self.first_delta: float | None = None
+        self.done: float | None = None
+        self.status = "in_progress"
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.reasoning_tokens: int | None = None
+        self.span_id = 0
+
+    def ttft(self) -> float | None:
+        if self.first_delta is None or self.trigger is None:
+            return None
+        return max(0.0, self.first_delta - self.trigger)
+
+    def usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        self.input_tokens = _int(usage.get("input_tokens"))
+        self.output_tokens = _int(usage.get("output_tokens"))
+        details = usage.get("input_token_details", usage.get("input_tokens_details"))
+        if isinstance(details, dict):
+            self.cached_tokens = _int(details.get("cached_tokens"))
+        out = usage.get("output_token_details", usage.get("output_tokens_details"))
+        if isinstance(out, dict):
+            self.reasoning_tokens = _int(out.get("reasoning_tokens"))
+
+
+#: told about each response when it is done
+OnDone = Callable[[ModelResponse], None]
+
+
+class Responses:
+    """The responses of one session, followed from the events both ways."""
+
+    __slots__ = ("_on_done", "_open", "_trigger", "count")
+
+    def __init__(self, on_done: OnDone) -> None:
+        self._on_done = on_done
+        #: response id -> the response, from response.created to response.done
+        self._open: dict[str, ModelResponse] = {}
+        #: when the next response was asked for (response.create read, or a VAD commit)
+        self._trigger: float | None = None
+        self.count = 0
+
+    def from_client(self, kind: str, read_at: float) -> None:
+        if kind == "response.create" and self._trigger is None:
+            self._trigger = read_at
+
+    def from_upstream(self, kind: str, message: str, written_at: float) -> None:
+        """An upstream event, once written to the client (its write time is the one TTFT
+        counts)."""
+        if kind in DELTAS:
+            if self._open:
+                self._first_delta(message, written_at)
+        elif kind == "response.created":
+            response = _object(message).get("response")
+            rid = response.get("id") if isinstance(response, dict) else None
+            self._open[rid if isinstance(rid, str) else f"#{self.count}"] = ModelResponse(
+                rid if isinstance(rid, str) else "", written_at, self._trigger
+            )
+            self._trigger = None
+            self.count += 1
+        elif kind == "response.done":
+            self._done(message, written_at)
+        elif kind == "input_audio_buffer.committed" and self._trigger is None:
+            self._trigger = written_at  # server VAD: the turn the next response answers
+
+    def _first_delta(self, message: str, at: float) -> None:
+        waiting = [r for r in self._open.values() if r.first_delta is None]
+        if not waiting:
+            return
+        if len(waiting) > 1:  # responses in parallel: the delta names its own
+            rid = _object(message).get("response_id")
+            waiting = [r for r in waiting if r.id == rid] or waiting[:1]
+        waiting[0].first_delta = at
+
+    def _done(self, message: str, at: float) -> None:
+        response = _object(message).get("response")
+        if not isinstance(response, dict):
+            return
+        rid = response.get("id")
+        found = self._open.pop(rid, None) if isinstance(rid, str) else None
+        if found is None and self._open:  # no id, or one we did not see created
+            found = self._open.pop(next(iter(self._open)))
+        if found is None:
+            return
+        found.done = at
+        status = response.get("status")
+        found.status = status if isinstance(status, str) else "completed"
+        found.usage(response.get("usage"))
+        self._on_done(found)
+
+    def unfinished(self) -> list[ModelResponse]:
+        """Responses the session ended in the middle of."""
+        out = list(self._open.values())
+        self._open.clear()
+        return out
+
+
+__all__ = ["DELTAS", "ModelResponse", "Responses", "event_type"]

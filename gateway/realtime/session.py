@@ -1,0 +1,405 @@
+"""A realtime session: ``GET /v1/realtime?model=M`` over WebSocket, end to end (docs/spec.md §19).
+
+A WebSocket session is a long request (docs/architecture.md, "the next floors"): one context
+and one Timeline per session, the same hops before the upgrade, then the relay::
+
+    edge    → trust, request id, trace ids; the key from Authorization or from the browser's
+              ``openai-insecure-api-key.<key>`` subprotocol (stripped before anything goes on)
+    auth    → 401 / 429 (rpm counts a session start), as HTTP answers in the OpenAI error shape
+    router  → model from the query: 400 without one, 403 not allowed for the key, 404 no route
+    upstream→ the handshake: attempts, retries, fallback; every attempt failed → 502 / 504 (or
+              the upstream's own error status and body) — never an accepted socket closed at once
+    accept  → the subprotocol the upstream selected, x-request-id, traceresponse
+    relay   → :class:`gateway.realtime.relay.Relay` until either side ends or a limit stops it
+    finish  → spans, metrics, one access-log line, the live view, passive health
+
+Telemetry of each model response (its span, TTFT, tokens, the ``tpm`` debit) happens as its
+``response.done`` passes, not at the session's end: a session may last an hour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+from gateway.context import RECEIVED_AT, Attempt, Call, RequestContext
+from gateway.errors import (
+    ClientGone,
+    Forbidden,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    error_body,
+)
+from gateway.hops.health import CONNECTION_FAILED, SUCCESS
+from gateway.hops.router import MAX_MODEL_CHARS
+from gateway.realtime.events import ModelResponse, Responses
+from gateway.realtime.relay import BY_UPSTREAM, End, Relay
+from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
+from gateway.realtime.upstream import Handshake, UpstreamSocket
+from gateway.runtime import Runtime
+from gateway.telemetry.logs import line
+from gateway.telemetry.server_timing import edge_intervals
+from gateway.types import Receive, Scope, Send
+from gateway.writer import ResponseWriter
+
+log = logging.getLogger("gateway")
+
+#: the subprotocol a browser carries its key in (it cannot set Authorization on a WebSocket)
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+_MODEL = re.compile(r"[^\x00-\x1f\x7f]{1,%d}" % MAX_MODEL_CHARS)  # noqa: UP031
+#: the ASGI extension that lets an app answer a WebSocket handshake with an HTTP response
+_HTTP_RESPONSE = "websocket.http.response"
+
+
+def _http_send(scope: Scope, send: Send) -> Send:
+    """``send`` for answering the handshake as HTTP (the ``websocket.http.response`` extension):
+    the response writer's ``http.response.*`` messages, renamed. A server without the
+    extension can only refuse: ``websocket.close`` before accepting is a 403."""
+    if _HTTP_RESPONSE not in (scope.get("extensions") or {}):
+
+        async def refuse(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                await send({"type": "websocket.close", "code": 1008})
+
+        return refuse
+
+    async def translated(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            await send({**message, "type": "websocket.http.response.start"})
+        else:
+            await send(
+                {
+                    "type": "websocket.http.response.body",
+                    "body": message.get("body", b""),
+                    "more_body": message.get("more_body", False),
+                }
+            )
+
+    return translated
+
+
+async def refuse_upgrade(
+    scope: Scope, receive: Receive, send: Send, started: bool, enabled: bool
+) -> None:
+    """Answer a WebSocket handshake the gateway does not take, as HTTP before any upgrade:
+    503 while starting, 404 with ``[realtime] enabled = false``, 426 on any path but
+    ``/v1/realtime`` (the Codex CLI tries one on ``/v1/responses`` first, then falls back to
+    HTTP as it does against OpenAI)."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if not started:
+        status, kind, code = 503, "service_unavailable", "starting"
+        text = "the gateway is starting"
+    elif scope["path"] != ROUTE:
+        status, kind, code = 426, "invalid_request_error", "upgrade_not_supported"
+        text = f"WebSocket is served on {ROUTE} only; use HTTP here"
+    else:
+        status, kind, code = 404, "not_found_error", "realtime_disabled"
+        text = "realtime sessions are off on this gateway ([realtime] enabled = false)"
+    body = error_body(text, kind, code)
+    out = _http_send(scope, send)
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    try:
+        await out({"type": "http.response.start", "status": status, "headers": headers})
+        await out({"type": "http.response.body", "body": body})
+    except OSError:
+        return
+
+
+class Realtime:
+    """``GET /v1/realtime`` of one runtime: sessions, each in its own context."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.config = rt.config.realtime
+        tracing = rt.tracing
+        self._traced = tracing.enabled
+        self.handshake = Handshake(
+            rt.health,
+            tracing.attempt_headers if tracing.enabled else None,
+            tracing.new_span_id,
+        )
+        metrics = rt.telemetry.metrics
+        self.metrics = metrics
+        self._hop_base = tracing.edge_hop_count
+        nothing: Callable[[float], None] = lambda _s: None  # noqa: E731
+        self._observe_in, self._observe_out = nothing, nothing
+        if metrics is not None:
+            hist = metrics.realtime.message_overhead
+            c2u, u2c = ("client_to_upstream",), ("upstream_to_client",)
+            self._observe_in = lambda s: hist.observe(c2u, s)
+            self._observe_out = lambda s: hist.observe(u2c, s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        connect = await receive()
+        if connect["type"] != "websocket.connect":
+            return
+        received = connect.get(RECEIVED_AT)
+        if received is not None:
+            scope[RECEIVED_AT] = received
+        scope["method"] = "GET"  # a WebSocket scope has none; the handshake is a GET
+        rt = self.rt
+        ctx = rt.edge.accept(scope)
+        ctx.timeline.intake_done = time.perf_counter()
+        offered = _take_key(ctx, scope.get("subprotocols") or ())
+        ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
+        self._begin_trace(ctx)
+        out = ResponseWriter(ctx, _http_send(scope, send), rt.telemetry.headers_at_start)
+        facts = SessionFacts()
+        upstream: UpstreamSocket | None = None
+        responses = Responses(lambda r: self._response_done(ctx, r))
+        end: End | None = None
+        relay: Relay | None = None
+        try:
+            await rt.auth.check(ctx)  # 401, 429: rpm counts a session start
+            call = self._route(ctx)  # 400, 403, 404
+            upstream, attempt = await self.handshake.open(
+                ctx, call.route.backends, call.route.config.retries, offered,
+                self.config.max_message_bytes,
+            )  # fmt: skip
+            facts.handshake_done = attempt.first_byte
+            await self._accept(ctx, send, upstream, facts)
+            relay = Relay(
+                receive,
+                send,
+                upstream,
+                responses,
+                max_message_bytes=self.config.max_message_bytes,
+                idle_timeout_s=self.config.idle_timeout_s,
+                max_session_s=self.config.max_session_s,
+                observe_in=self._observe_in,
+                observe_out=self._observe_out,
+            )
+            end = await relay.run()
+        except GatewayError as exc:
+            ctx.answer.error = exc
+            if facts.accepted is None:
+                await _answer(out, exc)
+        except ClientGone:
+            ctx.disconnected = True
+        except asyncio.CancelledError:  # the server is stopping: the upstream is closed below
+            ctx.disconnected = True
+            raise
+        finally:
+            if upstream is not None and end is None:  # accepted but the relay never ran
+                await upstream.close(1001, "client went away")
+            if relay is not None:
+                facts.count(relay.stats)
+            self._finish(ctx, facts, end, responses)
+
+    # ------------------------------------------------------------ before the upgrade
+
+    def _begin_trace(self, ctx: RequestContext) -> None:
+        if self._traced:
+            self.rt.tracing.begin(ctx, ctx.incoming_trace)
+        elif ctx.incoming_trace is not None:  # not tracing: stay transparent to the client's
+            tp, ts = ctx.incoming_trace
+            ctx.upstream_headers.append(("traceparent", tp.decode("latin-1")))
+            if ts:
+                ctx.upstream_headers.append(("tracestate", ts.decode("latin-1")))
+
+    def _route(self, ctx: RequestContext) -> Call:
+        model = dict(parse_qsl(ctx.query.decode("latin-1"))).get("model")
+        if not model:
+            raise InvalidRequest(
+                "a realtime session needs a model: /v1/realtime?model=<model>", code="missing_model"
+            )
+        if not _MODEL.fullmatch(model):
+            raise InvalidRequest(
+                f"'model' must be 1-{MAX_MODEL_CHARS} characters without control characters",
+                code="invalid_model",
+            )
+        ctx.model = model
+        if ctx.permits is not None and not ctx.permits(model):
+            raise Forbidden(f"this API key may not call model {model!r}", code="model_not_allowed")
+        route = self.rt.router.match(model)
+        if route is None:
+            raise NotFound(f"no route for model {model!r}", code="model_not_found")
+        call = ctx.call = Call(ctx.path, "realtime", b"", {}, True, route)
+        ctx.timeline.routed = time.perf_counter()
+        return call
+
+    async def _accept(
+        self, ctx: RequestContext, send: Send, upstream: UpstreamSocket, facts: SessionFacts
+    ) -> None:
+        headers = list(ctx.response_headers)
+        tr = self.rt.tracing.traceresponse(ctx) if self._traced else None
+        if tr is not None:
+            headers.append(tr)
+        try:
+            await send(
+                {
+                    "type": "websocket.accept",
+                    "subprotocol": upstream.subprotocol,
+                    "headers": headers,
+                }
+            )
+        except OSError as exc:  # the client left during the handshake
+            raise ClientGone() from exc
+        facts.accepted = ctx.timeline.client_first_byte = time.perf_counter()
+        ctx.answer.status = 101
+        if self.metrics is not None:
+            self.metrics.realtime.open += 1
+
+    # ------------------------------------------------------------ responses, as they end
+
+    def _response_done(self, ctx: RequestContext, response: ModelResponse) -> None:
+        """Telemetry of one model response, when its ``response.done`` was written."""
+        answer = ctx.answer
+        if response.input_tokens is not None or response.output_tokens is not None:
+            answer.usage(
+                (answer.input_tokens or 0) + (response.input_tokens or 0),
+                (answer.output_tokens or 0) + (response.output_tokens or 0),
+            )
+        metrics = self.metrics
+        if metrics is not None:
+            model = metrics.model_label(ctx)
+            ttft = response.ttft()
+            if ttft is not None:
+                metrics.ttft.observe((model,), ttft)
+            tokens = metrics.tokens
+            if response.input_tokens:
+                tokens.inc((model, "input"), response.input_tokens)
+            if response.output_tokens:
+                tokens.inc((model, "output"), response.output_tokens)
+            if response.cached_tokens:
+                tokens.inc((model, "cached_input"), response.cached_tokens)
+            if response.reasoning_tokens:
+                tokens.inc((model, "reasoning"), response.reasoning_tokens)
+        self._debit(ctx, response)
+        self._export_response(ctx, response)
+
+    def _debit(self, ctx: RequestContext, response: ModelResponse) -> None:
+        """``tpm`` (and whatever else the auth hop settles per answer) for one response: the
+        auth hop's own end-of-request sink, told about a context holding this response's usage
+        only, so the session's running totals are never debited twice."""
+        if ctx.limit_key is None or not (response.input_tokens or response.output_tokens):
+            return
+        one = RequestContext(ctx.scope, ctx.timeline)
+        one.limit_key, one.tenant, one.model, one.call = (
+            ctx.limit_key,
+            ctx.tenant,
+            ctx.model,
+            ctx.call,
+        )
+        one.attempts = ctx.attempts
+        one.answer.usage(response.input_tokens, response.output_tokens)
+        self.rt.auth.finished(one)
+
+    def _export_response(self, ctx: RequestContext, response: ModelResponse) -> None:
+        trace = ctx.trace
+        queue = self.rt.tracing.queue
+        if trace is None or not trace.sampled or queue is None:
+            return
+        provider = ctx.attempts[-1].backend.provider if ctx.attempts else "openai"
+        queue.put([response_span(ctx, trace, response, provider)])
+
+    # ------------------------------------------------------------ the end
+
+    def _finish(
+        self, ctx: RequestContext, facts: SessionFacts, end: End | None, responses: Responses
+    ) -> None:
+        t = ctx.timeline
+        t.done = done = time.perf_counter()
+        if end is not None:
+            facts.close_code, facts.close_reason, facts.by = end.code, end.reason, end.by
+        for response in responses.unfinished():  # cut by the session's end
+            response.status = "unfinished"
+            response.done = done
+            self._export_response(ctx, response)
+        facts.responses = responses.count
+        if ctx.disconnected and ctx.answer.status < 400 and facts.accepted is None:
+            ctx.answer.status = 499
+        self._settle(ctx, end, done)
+        edges = edge_intervals(ctx)
+        trace = ctx.trace
+        queue = self.rt.tracing.queue
+        if trace is not None and trace.sampled and queue is not None:
+            queue.put(
+                session_spans(ctx, trace, edges, self._hop_base, facts, self.rt.tracing.auth_mode)
+            )
+        self._metrics(ctx, facts, edges)
+        self._log(ctx, facts)
+        recent = self.rt.recent
+        if recent is not None:
+            recent(ctx, edges)
+
+    def _settle(self, ctx: RequestContext, end: End | None, done: float) -> None:
+        """Passive health: the accepted attempt's outcome is the session's (an upstream that
+        vanished mid-session failed; any other end succeeded). Its end is the session's: the
+        upstream connection lasted that long (``upstream_time``; the CLIENT span ends at the
+        handshake)."""
+        if ctx.answer.status != 101 or not ctx.attempts:
+            return
+        attempt: Attempt = ctx.attempts[-1]
+        attempt.end = done
+        failed = end is not None and end.by == BY_UPSTREAM and end.code == 1011
+        self.rt.health.settle(attempt, CONNECTION_FAILED if failed else SUCCESS, ctx.model)
+
+    def _metrics(self, ctx: RequestContext, facts: SessionFacts, edges: Any) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        if facts.accepted is None:  # refused before the upgrade: an HTTP answer like any other
+            metrics(ctx, edges)
+            return
+        metrics.realtime.open -= 1
+        code = str(facts.close_code) if facts.close_code is not None else "1006"
+        metrics.realtime.sessions.inc((code,))
+        route = ctx.call.route.name if ctx.call is not None else "none"
+        metrics.requests.inc((route, metrics.model_label(ctx), "101"))
+
+    def _log(self, ctx: RequestContext, facts: SessionFacts) -> None:
+        access = self.rt.telemetry.access_log
+        if not access.wants(ctx):
+            return
+        record = line(ctx)
+        record["path"] = ROUTE
+        if facts.accepted is not None:
+            setup_upstream = 0.0
+            if ctx.attempts and facts.handshake_done is not None:
+                setup_upstream = facts.handshake_done - ctx.attempts[-1].start
+            setup = facts.accepted - ctx.timeline.received
+            record["overhead_ms"] = round(
+                max(0.0, setup - setup_upstream - ctx.timeline.backoff) * 1000, 3
+            )
+            record["realtime"] = {
+                "messages_in": facts.messages_in,
+                "messages_out": facts.messages_out,
+                "responses": facts.responses,
+                "close_code": facts.close_code,
+                "closed_by": facts.by,
+            }
+        access.logger.info(orjson.dumps(record).decode())
+
+
+def _take_key(ctx: RequestContext, subprotocols: Any) -> list[str]:
+    """The subprotocols to offer upstream: all the client offered but the one carrying its key,
+    which becomes the credential when no header carried one (docs/spec.md §19)."""
+    offered: list[str] = []
+    for proto in subprotocols:
+        if isinstance(proto, str) and proto.startswith(KEY_SUBPROTOCOL):
+            if not ctx.credential:
+                ctx.credential = proto[len(KEY_SUBPROTOCOL) :].encode()
+        elif isinstance(proto, str):
+            offered.append(proto)
+    return offered
+
+
+async def _answer(out: ResponseWriter, exc: GatewayError) -> None:
+    try:
+        await out.error(exc)
+    except OSError:  # the client left before its answer
+        return
+
+
+__all__ = ["KEY_SUBPROTOCOL", "Realtime", "refuse_upgrade"]
