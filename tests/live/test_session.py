@@ -258,3 +258,36 @@ def test_signing_out_ends_the_session(keyed):
     with httpx2.Client(cookies={COOKIE: token}, timeout=10) as c:
         r = c.get(view + "api/requests")
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_session"
+
+
+def test_a_session_holds_in_every_worker_of_one_gateway_serve(tmp_path, monkeypatch):
+    """``gateway serve --workers 2`` hands its workers one secret: a cookie signed by one
+    worker opens the view in the other (fresh connections land on either)."""
+    from tests.gateway_process import gateway_process
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)  # made by gateway serve itself
+    body = f"""
+[[backends]]
+name = "mock"
+url = "mock://"
+[[routes]]
+models = ["*"]
+backends = ["mock"]
+[auth]
+mode = "keys"
+[[auth.keys]]
+tenant = "ops"
+sha256 = "{digest(ADMIN_KEY)}"
+admin = true
+[ui]
+enabled = true
+"""
+    with gateway_process(tmp_path, body, workers=2) as proc:
+        view = proc.url + "/_gateway/"
+        signed = sign_in(view)
+        name, value, _ = attributes(signed.headers["set-cookie"])
+        statuses = []
+        for _ in range(40):  # each a new connection: the kernel spreads them over the workers
+            with httpx2.Client(timeout=10, cookies={name: value}) as fresh:
+                statuses.append(fresh.get(view + "api/requests").status_code)
+    assert statuses == [200] * 40, statuses
