@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,6 +31,7 @@ from tests.gateway_process import (
     gateway_process,
     raise_fd_limit,
 )
+from tests.support import http_response
 
 #: short cool-downs keep the tests short (the default is 30 s)
 EJECT_FOR_S = 1.0
@@ -244,6 +246,64 @@ def test_every_strategy_skips_an_ejected_backend(tmp_path, strategy):
         assert [x.status for x in answers] == [200] * 40
         assert len(a.requests) == 5
         assert len(b.requests) == before + 40
+
+
+# ---------------------------------------------------------------- backoff (docs/spec.md §6)
+
+
+def client_for(port: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+
+
+def busy_first(retry_after: str | None) -> FaultyUpstream:
+    """An upstream whose first answer is 503 (with ``Retry-After`` when given), then 200."""
+    behaviour = FaultyUpstream()
+    clean = behaviour.handler
+    count = 0
+
+    async def handler(req: Any, writer: Any) -> bool:
+        nonlocal count
+        count += 1
+        if count > 1:
+            return await clean(req, writer)
+        extra = [("retry-after", retry_after)] if retry_after is not None else None
+        writer.write(http_response(503, b'{"error": {"message": "busy"}}', extra=extra))
+        return True
+
+    behaviour.handler = handler  # type: ignore[method-assign]
+    return behaviour
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """``name;dur=ms`` entries of a Server-Timing header, in seconds (those with a dur)."""
+    out = {}
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        if params.startswith("dur="):
+            out[name] = float(params[4:]) / 1000
+    return out
+
+
+@pytest.mark.parametrize("retry_after", [None, "0.1"], ids=["backoff", "retry-after"])
+def test_the_wait_before_a_retry_is_backoff_not_gateway_time(tmp_path, retry_after):
+    with (
+        upstreams(busy_first(retry_after)) as (a,),
+        gateway_process(tmp_path, config([a], "retries = 1")) as gw,
+    ):
+        client = client_for(gw.port)
+        started = time.perf_counter()
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        elapsed = time.perf_counter() - started
+        assert raw.status_code == 200 and len(a.requests) == 2
+        timing = server_timing(raw.headers["server-timing"])
+        assert timing["backoff"] > 0
+        if retry_after is not None:  # honoured: at least what the upstream asked for
+            assert timing["backoff"] >= 0.1
+        # the request's time is upstream + backoff + the gateway's own, each counted once
+        parts = timing["upstream"] + timing["backoff"] + timing["gateway"]
+        assert parts <= elapsed + 0.001  # (each rounded to the µs)
 
 
 # ---------------------------------------------------------------- the retry budget

@@ -5,7 +5,9 @@ request is sent again only when no completion can have been produced — connect
 429/502/503/504 answers — unless the route sets ``retry_on_timeout``. Retries happen before any
 byte reaches the client (this hop returns at the upstream's headers). Exponential backoff with
 full jitter from 100 ms; ``Retry-After`` is honoured up to :data:`RETRY_AFTER_CAP` s, beyond
-that the backend is given up for this request and the next one (fallback) is tried.
+that the backend is given up for this request and the next one (fallback) is tried. The time
+actually spent asleep between attempts is the request's ``backoff`` (docs/spec.md §6): neither
+the upstream's time nor the gateway's own.
 
 With passive health (:mod:`gateway.hops.health`) the route's strategy orders the backends that
 are in rotation (:mod:`gateway.hops.balance`); every attempt's outcome is settled there — here
@@ -159,7 +161,7 @@ class Upstream:
         delay = 0.0
         while (backend := plan.next()) is not None:
             if delay:
-                await asyncio.sleep(delay)
+                await self._wait(ctx, delay)
             attempt = self._begin(ctx, backend, plan)
             try:
                 resp = await self._send(ctx, backend, attempt, body)
@@ -191,6 +193,16 @@ class Upstream:
             ctx.timeline.upstream_first_byte = attempt.first_byte
             return resp, attempt  # settled when the request ends (health.finished)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    @staticmethod
+    async def _wait(ctx: RequestContext, delay: float) -> None:
+        """Sleep between attempts; the time actually asleep (a cancelled wait too) is the
+        request's backoff (docs/spec.md §6)."""
+        asleep = time.perf_counter()
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            ctx.timeline.backoff += time.perf_counter() - asleep
 
     def _another(self, plan: AttemptPlan[Backend], backend: Backend) -> bool:
         """Whether another attempt follows a retryable failure on ``backend``: a retry to it

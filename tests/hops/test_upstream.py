@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -115,10 +116,16 @@ def run(coro: Any) -> Any:
 
 
 async def forward_once(
-    up: Upstream, backends: tuple[Backend, ...], retries: int = 2, **kw: Any
+    up: Upstream,
+    backends: tuple[Backend, ...],
+    retries: int = 2,
+    model: str | None = None,
+    **kw: Any,
 ) -> tuple[RequestContext, int | GatewayError]:
-    """One request through ``forward``; the request then ends (the telemetry sink runs)."""
+    """One request (for ``model``: None, a request without one) through ``forward``; the
+    request then ends (the telemetry sink runs)."""
     ctx = context()
+    ctx.model = model
     try:
         resp, _ = await up.forward(ctx, backends, b"{}", retries, **kw)
         result: int | GatewayError = resp.status
@@ -193,6 +200,51 @@ def test_redirects_are_refused():
     _, result = run(forward_once(up, (a,)))
     assert isinstance(result, UpstreamError) and result.code == "upstream_redirect"
     assert health.outstanding("a") == 0
+
+
+# ---------------------------------------------------------------- backoff (docs/spec.md §6)
+
+
+@pytest.mark.parametrize(
+    ("first", "planned"),
+    [(503, 0.02), ((503, [(b"retry-after", b"0.05")]), 0.05)],
+    ids=["backoff", "retry-after"],
+)
+def test_the_wait_between_attempts_is_booked_as_backoff(monkeypatch, first, planned):
+    monkeypatch.setattr(upstream_mod, "_backoff", lambda n: 0.02)
+    a = backend("a", first, 200)
+    up, _ = upstream_with(a)
+
+    async def request() -> RequestContext:
+        ctx, result = await forward_once(up, (a,), retries=1, model="m")
+        assert result == 200
+        return ctx
+
+    ctx = run(request())
+    first_try, second_try = ctx.attempts
+    second_try.finished()  # the answer relayed (the relay stamps it), then the request ends
+    ctx.timeline.done = time.perf_counter()
+    backoff = ctx.timeline.backoff
+    # the time asleep (never less than asked) lies between the two attempts, in neither
+    assert backoff >= planned * 0.99
+    assert first_try.end is not None
+    assert first_try.end + backoff <= second_try.start + 1e-9
+    # request = upstream + backoff + the gateway's own time, each part in its place
+    request_s, upstream_s = ctx.request_time(), ctx.upstream_time()
+    assert 0 < backoff <= request_s
+    assert upstream_s + backoff <= request_s
+    assert ctx.overhead() == pytest.approx(request_s - upstream_s - backoff)
+
+
+def test_no_wait_no_backoff():
+    a = backend("a", UpstreamConnectError("refused"))
+    b = backend("b", (503, [(b"retry-after", b"60")]), 200)
+    c = backend("c", 200)
+    up, _ = upstream_with(a, b, c)
+    # a fails (backoff 0 here), b asks for more patience than the cap: c at once
+    ctx, result = run(forward_once(up, (a, b, c), retries=0))
+    assert result == 200 and [x.backend.name for x in ctx.attempts] == ["a", "b", "c"]
+    assert ctx.timeline.backoff == 0.0
 
 
 # ---------------------------------------------------------------- passive health
