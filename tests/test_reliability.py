@@ -121,35 +121,124 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
 # ---------------------------------------------------------------- ejection and recovery
 
 
-def test_a_failing_backend_is_ejected_its_traffic_goes_elsewhere_and_one_probe_restores_it(
-    tmp_path,
-):
-    flaky, steady = FaultyUpstream(default="status=503"), FaultyUpstream()
+def client_for(port: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+
+
+def complete(client: openai.OpenAI, model: str) -> str:
+    """One chat completion for ``model`` through the gateway (it must succeed): its text."""
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}]
+    )
+    return str(answer.choices[0].message.content)
+
+
+def models_seen(server: FaultServer) -> list[str]:
+    """The model of every request the upstream saw, in order."""
+    return [str(json.loads(r.body)["model"]) for r in server.requests]
+
+
+def failing_for(*models: str) -> FaultyUpstream:
+    """An upstream that answers 503 to requests for ``models`` and serves every other one."""
+    behaviour = FaultyUpstream()
+    clean = behaviour.handler
+
+    async def handler(req: Any, writer: Any) -> bool:
+        behaviour.default = "status=503" if json.loads(req.body)["model"] in models else ""
+        return await clean(req, writer)
+
+    behaviour.handler = handler  # type: ignore[method-assign]
+    return behaviour
+
+
+def test_one_models_503s_eject_that_model_and_leave_the_backends_others_in_rotation(tmp_path):
+    flaky, steady = failing_for("A"), FaultyUpstream()
     # ordered, no retry: each request tries a once, then falls back to b
+    with (
+        upstreams(flaky, steady) as (a, b),
+        gateway_process(tmp_path, config([a, b], "retries = 0", "eject_for_s = 60")) as gw,
+    ):
+        client = client_for(gw.port)
+        for _ in range(5):
+            assert complete(client, "A") == expected_text(8)  # b answered every one
+        assert (models_seen(a), models_seen(b)) == (["A"] * 5, ["A"] * 5)
+        for _ in range(5):
+            assert complete(client, "B") == expected_text(8)
+            assert complete(client, "A") == expected_text(8)
+        assert models_seen(a) == ["A"] * 5 + ["B"] * 5  # A skips a; B is still served there
+        assert models_seen(b) == ["A"] * 10
+        state = backends_ready(gw.port)["a"]
+        assert state["models"] == {"A": "ejected"} and state["model_ejections"] == 1
+        # the backend itself is up: its connection works, and so do its other models
+        assert state["state"] == "up" and state["up"] is True and state["ejections"] == 0
+        assert backend_up(gw.port) == {"a": 1.0, "b": 1.0}
+
+
+def test_connection_failures_eject_the_whole_backend_for_every_model(tmp_path):
+    eject_for = 3.0
+    later = FaultyUpstream()
+    refused = FaultServer(later.handler)  # its port: nothing listens there until start()
+    started = False
+    try:
+        with (
+            upstreams(FaultyUpstream()) as (b,),
+            gateway_process(
+                tmp_path, config([refused, b], "retries = 0", f"eject_for_s = {eject_for}")
+            ) as gw,
+        ):
+            client = client_for(gw.port)
+            for model in "ABCDE":  # a different model each time: the backend is what fails
+                assert complete(client, model) == expected_text(8)
+            state = backends_ready(gw.port)["a"]
+            assert state["state"] == "ejected" and state["up"] is False, state
+            assert state["ejections"] == 1 and state["models"] == {}
+            assert backend_up(gw.port) == {"a": 0.0, "b": 1.0}
+            # a listens now; while ejected it gets nothing, for any model
+            refused.start()
+            started = True
+            for model in "ABCDEF":
+                assert complete(client, model) == expected_text(8)
+            assert refused.requests == []
+            assert len(b.requests) == 11
+            # after the cool-down the next request is the probe, and it restores a
+            wait_until(
+                lambda: backends_ready(gw.port)["a"]["state"] == "probe_due",
+                eject_for * 10,
+                "the cool-down ends",
+            )
+            assert complete(client, "Z") == expected_text(8)
+            assert models_seen(refused) == ["Z"]
+            assert backends_ready(gw.port)["a"]["state"] == "up"
+            assert backend_up(gw.port) == {"a": 1.0, "b": 1.0}
+    finally:
+        if started:
+            refused.stop()
+
+
+def test_an_ejected_model_is_probed_after_its_cool_down_and_one_probe_restores_it(tmp_path):
+    flaky, steady = FaultyUpstream(default="status=503"), FaultyUpstream()
     with (
         upstreams(flaky, steady) as (a, b),
         gateway_process(tmp_path, config([a, b], "retries = 0")) as gw,
     ):
-        for i in range(5):
-            answer = chat(gw.port)
+        for _ in range(5):
+            answer = chat(gw.port)  # model "m"
             assert answer.status == 200, answer  # b answered every one
-            assert backend_up(gw.port)["a"] == (1.0 if i < 4 else 0.0)
+            assert backend_up(gw.port)["a"] == 1.0  # an answer's failure: the backend is up
         assert (len(a.requests), len(b.requests)) == (5, 5)
         state = backends_ready(gw.port)
-        assert state["a"]["state"] == "ejected" and state["a"]["up"] is False
-        assert state["a"]["ejections"] == 1
-        assert state["b"]["state"] == "up" and state["b"]["up"] is True
-        assert backend_up(gw.port) == {"a": 0.0, "b": 1.0}
+        assert state["a"]["models"] == {"m": "ejected"} and state["a"]["model_ejections"] == 1
+        assert state["a"]["state"] == "up" and state["b"]["models"] == {}
 
-        # ejected: skipped, even by requests that arrive together
+        # ejected for m: skipped, even by requests that arrive together
         answers = asyncio.run(storm(gw.port, clients=20))
         assert [x.status for x in answers] == [200] * 20
         assert (len(a.requests), len(b.requests)) == (5, 25)
 
-        # a recovers; after the cool-down the next request is the probe, and it restores a
+        # a recovers; after the cool-down the next request is the probe, and it restores m on a
         flaky.default = ""
         wait_until(
-            lambda: backends_ready(gw.port)["a"]["state"] == "probe_due",
+            lambda: backends_ready(gw.port)["a"]["models"] == {"m": "probe_due"},
             EJECT_FOR_S * 10,
             "the cool-down ends",
         )
@@ -157,8 +246,7 @@ def test_a_failing_backend_is_ejected_its_traffic_goes_elsewhere_and_one_probe_r
         assert probe.status == 200 and content_of(probe) == expected_text(8)
         assert (len(a.requests), len(b.requests)) == (6, 25)
         state = backends_ready(gw.port)
-        assert state["a"]["state"] == "up" and state["a"]["ejections"] == 1
-        assert backend_up(gw.port) == {"a": 1.0, "b": 1.0}
+        assert state["a"]["models"] == {} and state["a"]["model_ejections"] == 1
         for _ in range(5):
             assert chat(gw.port).status == 200
         assert (len(a.requests), len(b.requests)) == (11, 25)  # ordered: a first again
@@ -172,9 +260,9 @@ def test_a_failed_probe_ejects_again_and_only_the_probe_reaches_the_backend(tmp_
     ):
         for _ in range(5):
             assert chat(gw.port).status == 200
-        assert backends_ready(gw.port)["a"]["state"] == "ejected"
+        assert backends_ready(gw.port)["a"]["models"] == {"m": "ejected"}
         wait_until(
-            lambda: backends_ready(gw.port)["a"]["state"] == "probe_due",
+            lambda: backends_ready(gw.port)["a"]["models"] == {"m": "probe_due"},
             EJECT_FOR_S * 10,
             "the cool-down ends",
         )
@@ -184,9 +272,9 @@ def test_a_failed_probe_ejects_again_and_only_the_probe_reaches_the_backend(tmp_
         assert [x.status for x in answers] == [200] * 20
         assert len(a.requests) == 6
         assert len(b.requests) == 25
-        state = backends_ready(gw.port)
-        assert state["a"]["state"] == "ejected" and state["a"]["ejections"] == 2
-        assert backend_up(gw.port)["a"] == 0.0
+        state = backends_ready(gw.port)["a"]
+        assert state["models"] == {"m": "ejected"} and state["model_ejections"] == 2
+        assert backend_up(gw.port)["a"] == 1.0
 
 
 def failing_first(n: int) -> FaultyUpstream:
@@ -205,11 +293,11 @@ def failing_first(n: int) -> FaultyUpstream:
     return behaviour
 
 
-def test_the_failure_that_ejects_a_backend_is_not_retried_on_it(tmp_path):
+def test_the_failure_that_ejects_a_model_is_not_retried_there(tmp_path):
     # a answers 503 five times, then 200. retries = 1: requests 1 and 2 each try a twice and
-    # fall back to b; request 3's first attempt is a's fifth failure, which ejects it — its
-    # retry must go to b, not to a (a retry there would be a trial whose 200 puts a straight
-    # back into rotation, and the ejection would last one request)
+    # fall back to b; request 3's first attempt is a's fifth failure for m, which ejects m
+    # there — its retry must go to b, not to a (a retry there would be a trial whose 200 puts
+    # m straight back into rotation, and the ejection would last one request)
     flaky, steady = failing_first(5), FaultyUpstream()
     with (
         upstreams(flaky, steady) as (a, b),
@@ -220,39 +308,51 @@ def test_the_failure_that_ejects_a_backend_is_not_retried_on_it(tmp_path):
             assert answer.status == 200 and content_of(answer) == expected_text(8)
         assert (len(a.requests), len(b.requests)) == (5, 3)
         state = backends_ready(gw.port)["a"]
-        assert state["state"] == "ejected" and state["ejections"] == 1, state
-        assert backend_up(gw.port)["a"] == 0.0
+        assert state["models"] == {"m": "ejected"} and state["model_ejections"] == 1, state
 
 
+@pytest.mark.parametrize("kind", ["answer", "connection"])
 @pytest.mark.parametrize("strategy", ["ordered", "weighted", "least_outstanding"])
-def test_every_strategy_skips_an_ejected_backend(tmp_path, strategy):
+def test_every_strategy_skips_an_ejected_backend_or_model(tmp_path, strategy, kind):
     route = f'strategy = "{strategy}"\nretries = 0\n'
     if strategy == "weighted":
         route += "weights = [3, 1]\n"
-    flaky, steady = FaultyUpstream(default="status=503"), FaultyUpstream()
     backend_extra = "eject_for_s = 60"  # no probe while the test runs
-    with (
-        upstreams(flaky, steady) as (a, b),
-        gateway_process(tmp_path, config([a, b], route, backend_extra)) as gw,
-    ):
-        # until a's fifth failure some requests try it first (then fall back to b)
-        for _ in range(100):
-            assert chat(gw.port).status == 200
-            if backends_ready(gw.port)["a"]["state"] == "ejected":
-                break
-        assert len(a.requests) == 5
-        before = len(b.requests)
-        answers = asyncio.run(storm(gw.port, clients=10, each=4))
-        assert [x.status for x in answers] == [200] * 40
-        assert len(a.requests) == 5
-        assert len(b.requests) == before + 40
+    # "answer": a answers 503 (m is ejected there); "connection": a refuses (a is ejected)
+    flaky = FaultyUpstream(default="status=503" if kind == "answer" else "")
+    a = FaultServer(flaky.handler)
+    if kind == "answer":
+        a.start()
+    try:
+        with (
+            upstreams(FaultyUpstream()) as (b,),
+            gateway_process(tmp_path, config([a, b], route, backend_extra)) as gw,
+        ):
+
+            def ejected() -> bool:
+                state = backends_ready(gw.port)["a"]
+                return bool(state["models"] == {"m": "ejected"} or state["state"] == "ejected")
+
+            # until a's fifth failure some requests try it first (then fall back to b)
+            for _ in range(100):
+                assert chat(gw.port).status == 200
+                if ejected():
+                    break
+            if kind == "connection":
+                assert backend_up(gw.port)["a"] == 0.0
+                a.start()  # it would answer now, were it asked
+            assert len(a.requests) == (5 if kind == "answer" else 0)
+            before = len(b.requests)
+            answers = asyncio.run(storm(gw.port, clients=10, each=4))
+            assert [x.status for x in answers] == [200] * 40
+            assert len(a.requests) == (5 if kind == "answer" else 0)
+            assert len(b.requests) == before + 40
+    finally:
+        if a.thread.is_alive():
+            a.stop()
 
 
 # ---------------------------------------------------------------- backoff (docs/spec.md §6)
-
-
-def client_for(port: int) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
 
 
 def busy_first(retry_after: str | None) -> FaultyUpstream:

@@ -1,7 +1,8 @@
-"""Load balancing on a route (SPEC §4, §13): which backend a request tries first.
+"""Load balancing on a route (docs/spec.md §4, §13): which backend a request tries first.
 
-A strategy orders the route's backends that are in rotation (passive health has already
-removed the ejected ones, :mod:`gateway.hops.health`): the first is the backend the first
+A strategy orders the route's backends that are in rotation for the request's model (passive
+health has already removed the ejected backends, and those whose pair for that model is
+ejected, :mod:`gateway.hops.health`): the first is the backend the first
 attempt goes to, the others are the fallback order. Every strategy is per process and keeps
 only what it needs between requests (the weighted cursor); nothing per request (habit 2).
 

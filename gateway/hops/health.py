@@ -1,26 +1,41 @@
-"""Passive health (outlier ejection) and the retry budget, per backend, per process (SPEC §13).
+"""Passive health (outlier ejection) and the retry budget, per process (docs/spec.md §13).
 
-What an attempt's outcome is (Envoy's ``consecutive_5xx`` with local-origin failures folded in):
+What an attempt's outcome is (Envoy's ``consecutive_5xx`` with local-origin failures folded in),
+and whom it counts against:
 
-=========  ===============================================================================
-failure    the connection could not be made (refused, unreachable, DNS, connect timeout);
-           the upstream reset or closed it, broke HTTP framing or timed out — before its
-           answer or in the middle of its body (a stream cut, truncated or idle); or it
-           answered 500-599
-success    any other answer (2xx, 3xx, and every 4xx — 429 included: a 4xx is about the
-           request, never the backend's health), counted when its body was relayed whole
-neutral    the client went away, or the request was cancelled, before the outcome was known
-=========  ===============================================================================
+==================  =====================================================================
+connection failure  the connection could not be made (refused, unreachable, DNS, connect
+                    timeout); the upstream reset or closed it, broke HTTP framing or timed
+                    out — before its answer or in the middle of its body (a stream cut,
+                    truncated or idle). Counts against the **backend**.
+answer failure      the upstream answered 500-599, or 429 to a request for a model. The
+                    answer belongs to that model (one overloaded or rate-limited model says
+                    nothing about the backend's others): it counts against the **(backend,
+                    model) pair**, and for the backend as a connection that worked. A request
+                    without a model (passthrough) has no pair: its 5xx counts against the
+                    backend, its 429 is about the request.
+success             any other answer (2xx, 3xx, every other 4xx: about the request, never
+                    the upstream's health), counted when its body was relayed whole
+neutral             the client went away, or the request was cancelled, before the outcome
+                    was known
+==================  =====================================================================
 
-``eject_after`` consecutive failures (``0``: never) take the backend out of rotation for
-``eject_for_s``. After the cool-down the next request that would use it is the probe — the
-only one: until its outcome is known the backend takes no other traffic. Its success puts the
-backend back; its failure starts a new cool-down (counted as another ejection). Every strategy
-skips a backend out of rotation; when every backend of a route is out, the request still goes
-to the one whose cool-down ends first (the least recently ejected) rather than failing
-without trying — that attempt is a trial like the probe. Any attempt that reaches a backend out
-of rotation (a request that chose it just before it was ejected, too) is such a trial; the
-outcomes of attempts that were already in flight when the backend was ejected are ignored.
+A backend and a pair follow the same rules (:class:`Rotation`). ``eject_after`` consecutive
+failures (``0``: never) take it out of rotation for ``eject_for_s``. After the cool-down the
+next request that would use it is the probe — the only one: until its outcome is known it takes
+no other traffic. The probe's success puts it back; its failure starts a new cool-down (counted
+as another ejection). An ejected backend is skipped by every strategy for every model; an
+ejected pair only for its model (the backend's other models stay in rotation there). When every
+backend of a route is out for the request's model, the request still goes to the one whose
+cool-down ends first rather than failing without trying — that attempt is a trial like the
+probe. Any attempt that reaches a backend or pair out of rotation (a request that chose it just
+before it was ejected, a pinned request) is such a trial; the outcomes of attempts that were
+already in flight when it was ejected are ignored.
+
+Pairs exist only for models that failed: a success for a model with no pair costs one dict
+lookup, and nothing is stored. A backend tracks at most :data:`MAX_MODELS_PER_BACKEND` pairs
+(model names come from clients, and a ``*`` route passes any): when full, the pair that failed
+least recently and is in rotation makes room (an ejected one only when every pair is ejected).
 
 The retry budget: a retry — an attempt that sends the request again to the backend that just
 failed it — is allowed while that backend's retries over the last 10 s stay under 20 % of its
@@ -28,11 +43,13 @@ requests (first attempts and fallbacks) over the same window, or while it has ha
 retries in the current second (the floor). Otherwise it is not sent, ``budget_exhausted`` is
 counted, and the request goes on to the route's next backend if there is one (a fallback is a
 new request for that backend, not a retry) or ends with the answer or error it has. A fallback
-spreads load over the fleet; a retry is what hammers one failing backend.
+spreads load over the fleet; a retry is what hammers one failing backend. A retry is not sent to
+a backend, or for a model to a pair, that the failure just ejected.
 
-What the lead's ``/metrics`` reads (all keyed by backend name): :meth:`Health.up`,
-:attr:`Health.ejections`, :attr:`Health.retries`, :attr:`Health.budget_exhausted`, and
-:meth:`Health.outstanding`; ``/readyz`` shows :meth:`Health.snapshot`.
+What the lead's ``/metrics`` reads (all keyed by backend name): :meth:`Health.up` (the backend,
+connection-level: an ejected pair leaves it up), :attr:`Health.ejections`, :attr:`Health.retries`,
+:attr:`Health.budget_exhausted`, and :meth:`Health.outstanding`; ``/readyz`` shows
+:meth:`Health.snapshot` (with the pairs out of rotation).
 """
 
 from __future__ import annotations
@@ -90,35 +107,42 @@ class Window:
         return self._counts[i] if self._seconds[i] == second else 0
 
 
-class BackendHealth:
-    """One backend's passive health in this process."""
+#: an attempt's outcome, as :meth:`Health.settle` takes it (``None``: neutral; see above)
+SUCCESS = 0
+#: the upstream answered 5xx (or 429 for a model): against the (backend, model) pair
+ANSWER_FAILED = 1
+#: no answer, or the connection broke after it: against the backend
+CONNECTION_FAILED = 2
 
-    __slots__ = (
-        "consecutive",
-        "eject_after",
-        "eject_for",
-        "ejected_at",
-        "name",
-        "outstanding",
-        "probes",
-        "requests",
-        "retries",
-        "until",
-    )
+#: (backend, model) pairs one backend tracks at most (model names come from clients)
+MAX_MODELS_PER_BACKEND = 256
 
-    def __init__(self, backend: Backend) -> None:
-        self.name = backend.name
-        self.eject_after = backend.config.eject_after
-        self.eject_for = backend.config.eject_for_s
+
+def answer_outcome(status: int, model: str | None) -> int:
+    """What an upstream answer's status says about the upstream (its body not yet read).
+
+    >>> answer_outcome(503, "m") == answer_outcome(429, "m") == ANSWER_FAILED
+    True
+    >>> answer_outcome(429, None) == answer_outcome(404, "m") == SUCCESS
+    True
+    """
+    if status >= 500 or (status == 429 and model is not None):
+        return ANSWER_FAILED
+    return SUCCESS
+
+
+class Rotation:
+    """In rotation or out of it: a backend, or one model on a backend (a pair)."""
+
+    __slots__ = ("consecutive", "ejected_at", "probes", "until")
+
+    def __init__(self) -> None:
         self.consecutive = 0
         #: out of rotation until this monotonic time (None: in rotation)
         self.until: float | None = None
         self.ejected_at: float | None = None
-        #: attempts that reached the backend while out of rotation (the probe, trials)
+        #: attempts that reached it while out of rotation (the probe, trials)
         self.probes: set[Attempt] = set()
-        self.outstanding = 0
-        self.requests = Window()
-        self.retries = Window()
 
     def available(self, now: float) -> bool:
         """In rotation, or its cool-down is over and no probe is in flight."""
@@ -131,6 +155,69 @@ class BackendHealth:
         if self.probes:
             return "probing"
         return "ejected" if now < self.until else "probe_due"
+
+
+class PairHealth(Rotation):
+    """One model's health on one backend: its answers' failures (5xx, 429)."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        self.model = model
+
+
+class BackendHealth(Rotation):
+    """One backend's passive health in this process (connection-level), with its pairs."""
+
+    __slots__ = (
+        "eject_after",
+        "eject_for",
+        "models",
+        "name",
+        "outstanding",
+        "pairs_out",
+        "requests",
+        "retries",
+    )
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self.name = backend.name
+        self.eject_after = backend.config.eject_after
+        self.eject_for = backend.config.eject_for_s
+        #: model -> its pair, only while it has failures or is out (oldest failure first)
+        self.models: dict[str, PairHealth] = {}
+        #: pairs out of rotation (0: no request for any model needs a pair lookup)
+        self.pairs_out = 0
+        self.outstanding = 0
+        self.requests = Window()
+        self.retries = Window()
+
+    def available_for(self, model: str | None, now: float) -> bool:
+        """Whether a request for ``model`` may use this backend (it and the pair available)."""
+        if not self.available(now):
+            return False
+        if not self.pairs_out or model is None:
+            return True
+        pair = self.models.get(model)
+        return pair is None or pair.available(now)
+
+    def back_at(self, model: str | None) -> float:
+        """When its cool-down (or the pair's, whichever is later) for ``model`` ends."""
+        until = self.until or 0.0
+        if self.pairs_out and model is not None:
+            pair = self.models.get(model)
+            if pair is not None and pair.until is not None:
+                until = max(until, pair.until)
+        return until
+
+    def pair_out(self, model: str | None) -> PairHealth | None:
+        """The pair for ``model`` when it is out of rotation."""
+        if not self.pairs_out or model is None:
+            return None
+        pair = self.models.get(model)
+        return pair if pair is not None and pair.until is not None else None
 
     def budget_allows(self, now: float) -> bool:
         retries = self.retries.total(now)
@@ -154,14 +241,19 @@ class Health:
         self._states: dict[Backend, BackendHealth] = {b: BackendHealth(b) for b in backends}
         self._by_name = {s.name: s for s in self._states.values()}
         names = list(self._by_name)
+        #: the backend's own ejections (connection failures)
         self.ejections: dict[str, int] = dict.fromkeys(names, 0)
+        #: ejections of its (backend, model) pairs (answer failures)
+        self.model_ejections: dict[str, int] = dict.fromkeys(names, 0)
         #: retries sent (to the backend that had just failed the request)
         self.retries: dict[str, int] = dict.fromkeys(names, 0)
         #: retries not sent because the backend's budget was spent
         self.budget_exhausted: dict[str, int] = dict.fromkeys(names, 0)
         #: attempts begun and not settled yet, with their backend's state
         self._open: dict[Attempt, BackendHealth] = {}
-        self._out = 0  # backends out of rotation: 0 keeps order() a lookup
+        #: attempts that are a pair's probe or trial (rare: empty keeps settle() lean)
+        self._pair_trials: dict[Attempt, PairHealth] = {}
+        self._out = 0  # backends and pairs out of rotation: 0 keeps order() a lookup
         self._ordered = Ordered()
         # a route's backends tuple is made once (runtime) and passed by the pipeline as is;
         # any other tuple (passthrough's one backend) is in configured order
@@ -173,7 +265,8 @@ class Health:
     # ------------------------------------------------------------ what others read
 
     def up(self, name: str) -> bool:
-        """In rotation (``gateway_backend_up`` 1) or out of it (0: ejected or probing)."""
+        """The backend in rotation (``gateway_backend_up`` 1) or out of it (0: ejected or
+        probing). Connection-level: an ejected pair leaves its backend up."""
         return self._by_name[name].until is None
 
     def outstanding(self, name: str) -> int:
@@ -181,7 +274,8 @@ class Health:
         return self._by_name[name].outstanding
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Per backend: state, counters, and seconds until the probe (for ``/readyz``)."""
+        """Per backend: state, counters, seconds until the probe, and its models out of
+        rotation with their state (for ``/readyz``)."""
         now = self._clock()
         out: dict[str, dict[str, Any]] = {}
         for name, s in self._by_name.items():
@@ -193,6 +287,8 @@ class Health:
                 "ejections": self.ejections[name],
                 "retries": self.retries[name],
                 "budget_exhausted": self.budget_exhausted[name],
+                "model_ejections": self.model_ejections[name],
+                "models": {p.model: p.state(now) for p in s.models.values() if p.until is not None},
             }
             if s.until is not None:
                 row["probe_in_s"] = round(max(0.0, s.until - now), 3)
@@ -201,20 +297,21 @@ class Health:
 
     # ------------------------------------------------------------ the upstream hop's calls
 
-    def order(self, backends: tuple[Backend, ...]) -> Sequence[Backend]:
-        """The backends to try, in order: the route's strategy over those in rotation."""
+    def order(self, backends: tuple[Backend, ...], model: str | None = None) -> Sequence[Backend]:
+        """The backends to try for ``model``, in order: the route's strategy over those in
+        rotation (the backend, and its pair for ``model``)."""
         strategy = self._strategies.get(id(backends), self._ordered)
         if not self._out:
             return strategy.order(backends)
         now = self._clock()
         states = self._states
-        available = tuple(b for b in backends if states[b].available(now))
+        available = tuple(b for b in backends if states[b].available_for(model, now))
         if available:
             return strategy.order(available)
         # every one is out: the one whose cool-down ends first, rather than no attempt at all
-        return (min(backends, key=lambda b: states[b].until or 0.0),)
+        return (min(backends, key=lambda b: states[b].back_at(model)),)
 
-    def begin(self, attempt: Attempt, retry: bool) -> None:
+    def begin(self, attempt: Attempt, retry: bool, model: str | None = None) -> None:
         state = self._states[attempt.backend]
         state.outstanding += 1
         self._open[attempt] = state
@@ -222,12 +319,18 @@ class Health:
             state.requests.add(self._clock())
         if state.until is not None:
             state.probes.add(attempt)  # the probe, or a trial: its outcome decides
+        if state.pairs_out:
+            pair = state.pair_out(model)
+            if pair is not None:  # the pair's probe, or a trial
+                pair.probes.add(attempt)
+                self._pair_trials[attempt] = pair
 
-    def may_retry(self, backend: Backend) -> bool:
-        """Whether the request may be sent to ``backend`` again (reserves the retry)."""
+    def may_retry(self, backend: Backend, model: str | None = None) -> bool:
+        """Whether the request for ``model`` may be sent to ``backend`` again (reserves the
+        retry)."""
         state = self._states[backend]
-        if state.until is not None:  # this failure ejected it: the next backend, if any
-            return False
+        if state.until is not None or state.pair_out(model) is not None:
+            return False  # this failure ejected it (or the pair): the next backend, if any
         now = self._clock()
         if not state.budget_allows(now):
             self.budget_exhausted[state.name] += 1
@@ -236,29 +339,44 @@ class Health:
         self.retries[state.name] += 1
         return True
 
-    def settle(self, attempt: Attempt, failed: bool | None) -> None:
-        """An attempt's outcome: True failure, False success, None neutral (see above)."""
+    def settle(self, attempt: Attempt, outcome: int | None, model: str | None = None) -> None:
+        """An attempt's outcome (:data:`SUCCESS`, :data:`ANSWER_FAILED`,
+        :data:`CONNECTION_FAILED`, or None: neutral) for a request for ``model``."""
         state = self._open.pop(attempt, None)
         if state is None:
             return
         state.outstanding -= 1
-        trial = attempt in state.probes
-        if trial:
+        trial = False
+        if state.probes and attempt in state.probes:
             state.probes.discard(attempt)
-        if failed is None:
+            trial = True
+        pair_trial = self._pair_trials.pop(attempt, None) if self._pair_trials else None
+        if pair_trial is not None:
+            pair_trial.probes.discard(attempt)
+        if outcome is None:
             return
-        if state.until is not None:
-            if trial and failed:  # the probe (or a trial) decides
-                self._eject(state, "its probe failed")
-            elif trial:
-                self._restore(state)
-            return  # in flight before the ejection: says nothing new
-        if not failed:
+        if outcome == CONNECTION_FAILED or model is None:
+            self._count(state, state, outcome != SUCCESS, trial)
+            return
+        # it answered: the connection worked, whatever the answer says about the model
+        if trial or state.until is not None:
+            self._count(state, state, False, trial)
+        else:
             state.consecutive = 0
+        models = state.models
+        if not models and outcome == SUCCESS:
+            return  # the common case: no model of this backend has failed
+        pair = models.get(model)
+        if outcome == SUCCESS:
+            if pair is not None:
+                self._count(state, pair, False, pair is pair_trial)
             return
-        state.consecutive += 1
-        if state.eject_after and state.consecutive >= state.eject_after:
-            self._eject(state, f"{state.consecutive} consecutive failures")
+        if pair is None:
+            pair = self._new_pair(state, model)
+        else:  # the most recently failed last: eviction takes the front
+            del models[model]
+            models[model] = pair
+        self._count(state, pair, True, pair is pair_trial)
 
     def finished(self, ctx: RequestContext, _edges: object = None) -> None:
         """Telemetry sink: settle the attempt whose answer was relayed (and any left open)."""
@@ -266,38 +384,100 @@ class Health:
             return
         for attempt in ctx.attempts:
             if attempt in self._open:
-                self.settle(attempt, relayed_outcome(ctx, attempt))
+                self.settle(attempt, relayed_outcome(ctx, attempt), ctx.model)
 
     # ------------------------------------------------------------ transitions
 
-    def _eject(self, state: BackendHealth, why: str) -> None:
-        now = self._clock()
-        if state.until is None:
-            self._out += 1
-        state.until = now + state.eject_for
-        state.ejected_at = now
-        state.consecutive = 0
-        self.ejections[state.name] += 1
-        log.warning("backend %s ejected for %g s: %s", state.name, state.eject_for, why)
+    def _count(self, state: BackendHealth, rot: Rotation, failed: bool, trial: bool) -> None:
+        """One outcome for ``rot`` (the backend ``state`` itself, or one of its pairs)."""
+        if rot.until is not None:
+            if trial and failed:  # the probe (or a trial) decides
+                self._eject(state, rot, "its probe failed")
+            elif trial:
+                self._restore(state, rot)
+            return  # in flight before the ejection: says nothing new
+        if not failed:
+            rot.consecutive = 0
+            if isinstance(rot, PairHealth) and state.models.get(rot.model) is rot:
+                del state.models[rot.model]  # a pair with no failures is no pair
+            return
+        rot.consecutive += 1
+        if state.eject_after and rot.consecutive >= state.eject_after:
+            self._eject(state, rot, f"{rot.consecutive} consecutive failures")
 
-    def _restore(self, state: BackendHealth) -> None:
-        state.until = None
-        state.ejected_at = None
-        state.consecutive = 0
+    def _new_pair(self, state: BackendHealth, model: str) -> PairHealth:
+        models = state.models
+        if len(models) >= MAX_MODELS_PER_BACKEND:
+            # the least recently failed in rotation; an ejected one only if all are
+            victim = next((p for p in models.values() if p.until is None), None)
+            if victim is None:
+                victim = next(iter(models.values()))
+                state.pairs_out -= 1
+                self._out -= 1
+            del models[victim.model]
+        pair = models[model] = PairHealth(model)
+        return pair
+
+    def _eject(self, state: BackendHealth, rot: Rotation, why: str) -> None:
+        now = self._clock()
+        if rot.until is None:
+            self._out += 1
+            if rot is not state:
+                state.pairs_out += 1
+        rot.until = now + state.eject_for
+        rot.ejected_at = now
+        rot.consecutive = 0
+        if isinstance(rot, PairHealth):
+            self.model_ejections[state.name] += 1
+            log.warning(
+                "backend %s ejected for model %s for %g s: %s",
+                state.name,
+                rot.model,
+                state.eject_for,
+                why,
+            )
+        else:
+            self.ejections[state.name] += 1
+            log.warning("backend %s ejected for %g s: %s", state.name, state.eject_for, why)
+
+    def _restore(self, state: BackendHealth, rot: Rotation) -> None:
+        rot.until = None
+        rot.ejected_at = None
+        rot.consecutive = 0
         self._out -= 1
-        log.info("backend %s back in rotation: its probe succeeded", state.name)
+        if isinstance(rot, PairHealth):
+            state.pairs_out -= 1
+            if state.models.get(rot.model) is rot:
+                del state.models[rot.model]  # back in rotation, no failures: no pair
+            log.info(
+                "backend %s back in rotation for model %s: its probe succeeded",
+                state.name,
+                rot.model,
+            )
+        else:
+            log.info("backend %s back in rotation: its probe succeeded", state.name)
 
     def _outstanding_of(self, backend: Backend) -> int:
         return self._states[backend].outstanding
 
 
-def relayed_outcome(ctx: RequestContext, attempt: Attempt) -> bool | None:
+def relayed_outcome(ctx: RequestContext, attempt: Attempt) -> int | None:
     """The outcome of the attempt whose answer the gateway relayed (or began to)."""
     if ctx.disconnected or attempt.status is None:
         return None  # the client left, or the attempt was cancelled before its answer
-    if attempt.status >= 500:
-        return True
-    return isinstance(ctx.answer.error, UpstreamError | UpstreamTimeout)
+    outcome = answer_outcome(attempt.status, ctx.model)
+    if outcome == SUCCESS and isinstance(ctx.answer.error, UpstreamError | UpstreamTimeout):
+        return CONNECTION_FAILED  # it answered, then the connection broke (a stream cut)
+    return outcome
 
 
-__all__ = ["Health", "Window", "relayed_outcome"]
+__all__ = [
+    "ANSWER_FAILED",
+    "CONNECTION_FAILED",
+    "MAX_MODELS_PER_BACKEND",
+    "SUCCESS",
+    "Health",
+    "Window",
+    "answer_outcome",
+    "relayed_outcome",
+]

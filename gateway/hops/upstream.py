@@ -1,7 +1,7 @@
 """The upstream hop: attempts, backoff and fallback over pooled per-backend transports.
 
-Retries follow SPEC §13: every LLM call is a non-idempotent POST (RFC 9110 §9.2.2), so a
-request is sent again only when no completion can have been produced — connect failures, and
+Retries follow docs/spec.md §13: every LLM call is a non-idempotent POST (RFC 9110 §9.2.2), so
+a request is sent again only when no completion can have been produced — connect failures, and
 429/502/503/504 answers — unless the route sets ``retry_on_timeout``. Retries happen before any
 byte reaches the client (this hop returns at the upstream's headers). Exponential backoff with
 full jitter from 100 ms; ``Retry-After`` is honoured up to :data:`RETRY_AFTER_CAP` s, beyond
@@ -10,11 +10,16 @@ actually spent asleep between attempts is the request's ``backoff`` (docs/spec.m
 the upstream's time nor the gateway's own.
 
 With passive health (:mod:`gateway.hops.health`) the route's strategy orders the backends that
-are in rotation (:mod:`gateway.hops.balance`); every attempt's outcome is settled there — here
-when the attempt ends before its answer is relayed or answers a retryable status (before the
-retry is decided), at the request's end otherwise — and a retry to the backend that just failed
-is sent only within that backend's retry budget (when it is spent, or the failure ejected the
-backend, the request goes on to the next backend).
+are in rotation for the request's model (:mod:`gateway.hops.balance`); every attempt's outcome
+is settled there — here when the attempt ends before its answer is relayed or answers a
+retryable status (before the retry is decided), at the request's end otherwise — and a retry to
+the backend that just failed is sent only within that backend's retry budget (when it is spent,
+or the failure ejected the backend or its pair for the model, the request goes on to the next
+backend).
+
+A pinned request (``pinned=True``: a stateful Responses call that must reach the backend
+holding its state, docs/spec.md §22) goes to the first backend given and nowhere else, in
+rotation or not; its error answer passes through.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Generic, TypeVar
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
-from gateway.hops.health import Health
+from gateway.hops.health import CONNECTION_FAILED, SUCCESS, Health, answer_outcome
 from gateway.routes import Backend
 from gateway.transports.base import Body, UpstreamResponse
 
@@ -148,12 +153,19 @@ class Upstream:
         body: Body,
         retries: int = 0,
         retry_on_timeout: bool = False,
+        pinned: bool = False,
     ) -> tuple[UpstreamResponse, Attempt]:
         """Return the response to relay (headers in, body unread), or raise the last
-        attempt's :class:`GatewayError` when every attempt failed."""
+        attempt's :class:`GatewayError` when every attempt failed.
+
+        ``pinned``: ``backends[0]`` is the only backend tried, even when it (or its pair for
+        the model) is ejected — no strategy, no fallback; its answer, an error too, is what
+        the request gets (retries to it still need its budget, and it in rotation)."""
         order: Sequence[Backend] = backends
-        if self.health is not None:
-            order = self.health.order(backends)
+        if pinned:
+            order = backends[:1]
+        elif self.health is not None:
+            order = self.health.order(backends, ctx.model)
         if not isinstance(body, bytes | None):
             retries = 0  # a streamed request body can be sent once only
             order = order[:1]
@@ -168,23 +180,24 @@ class Upstream:
             except GatewayError as exc:
                 attempt.finished()
                 attempt.error = exc
-                self._settle(attempt, failed=True)
-                if _retry_allowed(exc, retry_on_timeout) and self._another(plan, backend):
+                self._settle(attempt, CONNECTION_FAILED, None)
+                if _retry_allowed(exc, retry_on_timeout) and self._another(ctx, plan, backend):
                     delay = _backoff(plan.number)
                     continue
                 raise
             attempt.first_byte = time.perf_counter()
             attempt.status = status = resp.status
             if _is_redirect(status):
-                self._settle(attempt, failed=False)  # it answered; config sent us astray
+                self._settle(attempt, SUCCESS, ctx.model)  # it answered; config sent us astray
                 await self._refuse_redirect(resp, attempt)
             if status in RETRYABLE_STATUS:
                 # settled before the retry is decided, as a failure that raised is: when this
-                # 503 is the one that ejects the backend, it is not retried there (a retry would
-                # be a trial whose success restores the backend at once); when the answer is
-                # relayed instead, it was settled here with the outcome the request's end gives
-                self._settle(attempt, failed=status >= 500)
-                next_delay = self._retry_delay(resp, backend, plan)
+                # 503 is the one that ejects the backend (or the pair), it is not retried there
+                # (a retry would be a trial whose success restores it at once); when the answer
+                # is relayed instead, it was settled here with the outcome the request's end
+                # gives
+                self._settle(attempt, answer_outcome(status, ctx.model), ctx.model)
+                next_delay = self._retry_delay(ctx, resp, backend, plan)
                 if next_delay is not None:
                     await resp.aclose()
                     attempt.finished()
@@ -204,15 +217,24 @@ class Upstream:
         finally:
             ctx.timeline.backoff += time.perf_counter() - asleep
 
-    def _another(self, plan: AttemptPlan[Backend], backend: Backend) -> bool:
+    def _another(self, ctx: RequestContext, plan: AttemptPlan[Backend], backend: Backend) -> bool:
         """Whether another attempt follows a retryable failure on ``backend``: a retry to it
-        needs its budget (and it still in rotation), else the next backend is tried."""
-        if self.health is not None and plan.next_is_retry and not self.health.may_retry(backend):
+        needs its budget (and it, and its pair for the model, still in rotation), else the
+        next backend is tried."""
+        if (
+            self.health is not None
+            and plan.next_is_retry
+            and not self.health.may_retry(backend, ctx.model)
+        ):
             plan.skip_backend()
         return plan.more
 
     def _retry_delay(
-        self, resp: UpstreamResponse, backend: Backend, plan: AttemptPlan[Backend]
+        self,
+        ctx: RequestContext,
+        resp: UpstreamResponse,
+        backend: Backend,
+        plan: AttemptPlan[Backend],
     ) -> float | None:
         """After a 429/502/503/504: the delay before the next attempt, or None to relay it."""
         hint = _retry_after(resp)
@@ -222,13 +244,13 @@ class Upstream:
                 return None
             plan.skip_backend()
             return 0.0
-        if not self._another(plan, backend):
+        if not self._another(ctx, plan, backend):
             return None
         return hint if hint is not None else _backoff(plan.number)
 
-    def _settle(self, attempt: Attempt, failed: bool) -> None:
+    def _settle(self, attempt: Attempt, outcome: int, model: str | None) -> None:
         if self.health is not None:
-            self.health.settle(attempt, failed)
+            self.health.settle(attempt, outcome, model)
 
     async def _send(
         self, ctx: RequestContext, backend: Backend, attempt: Attempt, body: Body
@@ -250,7 +272,7 @@ class Upstream:
         if ctx.timeline.upstream_sent is None:
             ctx.timeline.upstream_sent = attempt.start
         if self.health is not None:
-            self.health.begin(attempt, plan.is_retry)
+            self.health.begin(attempt, plan.is_retry, ctx.model)
         return attempt
 
     def _headers(
@@ -264,7 +286,7 @@ class Upstream:
 
     @staticmethod
     async def _refuse_redirect(resp: UpstreamResponse, attempt: Attempt) -> None:
-        # SPEC §13: never followed, never passed on — a key is never sent, and a client
+        # docs/spec.md §13: never followed, never passed on — a key is never sent, and a client
         # never sent, to a host that config did not name
         await resp.aclose()
         attempt.finished()

@@ -24,7 +24,7 @@ from gateway.errors import (
 )
 from gateway.hops.balance import LeastOutstanding, Weighted
 from gateway.hops.edge import Edge
-from gateway.hops.health import BUDGET_FLOOR_PER_S, Health, Window
+from gateway.hops.health import BUDGET_FLOOR_PER_S, CONNECTION_FAILED, SUCCESS, Health, Window
 from gateway.hops.upstream import AttemptPlan, Upstream
 from gateway.routes import Backend, Route
 from gateway.types import RawHeaders
@@ -247,6 +247,55 @@ def test_no_wait_no_backoff():
     assert ctx.timeline.backoff == 0.0
 
 
+# ---------------------------------------------------------------- pinned (docs/spec.md §22)
+
+
+def test_a_pinned_request_goes_to_its_backend_even_ejected_and_nowhere_else():
+    clock = Clock()
+    a = backend("a", UpstreamConnectError("refused"), eject_after=1, eject_for=60)
+    b = backend("b", 200)
+    up, health = upstream_with(a, b, clock=clock)
+    run(forward_once(up, (a, b), retries=0))
+    assert not health.up("a")
+    # not pinned: a is skipped
+    ctx, result = run(forward_once(up, (a, b), retries=0))
+    assert result == 200 and [x.backend.name for x in ctx.attempts] == ["b"]
+    b_calls = calls(b)
+    # pinned: a is tried although ejected; its error is the answer, b is never asked
+    ctx, result = run(forward_once(up, (a, b), retries=2, pinned=True))
+    assert isinstance(result, UpstreamConnectError)
+    assert [x.backend.name for x in ctx.attempts] == ["a"]
+    # its answer, an error answer too, passes through
+    a.transport.script = [503]  # type: ignore[attr-defined]
+    ctx, result = run(forward_once(up, (a, b), retries=2, pinned=True, model="m"))
+    assert result == 503 and {x.backend.name for x in ctx.attempts} == {"a"}
+    assert calls(b) == b_calls
+    # and its success puts the backend back in rotation (a trial, like the probe)
+    a.transport.script = [200]  # type: ignore[attr-defined]
+    _, result = run(forward_once(up, (a,), pinned=True, model="m"))
+    assert result == 200 and health.up("a")
+
+
+def test_a_pinned_request_ignores_the_strategy_and_an_ejected_pair():
+    a, b = backend("a", 503, eject_after=1, eject_for=60), backend("b", 200)
+    r = route("w", (b, a), strategy="weighted", weights=(1000, 1))
+    up, health = upstream_with(a, b, routes=(r,))
+    run(forward_once(up, (a,), retries=0, model="m"))
+    assert health.snapshot()["a"]["models"] == {"m": "ejected"}
+    for _ in range(5):
+        ctx, result = run(forward_once(up, (a, b), retries=0, model="m", pinned=True))
+        assert result == 503 and [x.backend.name for x in ctx.attempts] == ["a"]
+    assert calls(b) == 0
+
+
+def test_a_pinned_request_is_retried_on_its_backend_within_its_budget():
+    a, b = backend("a", 503, 200), backend("b", 200)
+    up, health = upstream_with(a, b)
+    ctx, result = run(forward_once(up, (a, b), retries=1, model="m", pinned=True))
+    assert result == 200 and [x.backend.name for x in ctx.attempts] == ["a", "a"]
+    assert health.retries["a"] == 1 and calls(b) == 0
+
+
 # ---------------------------------------------------------------- passive health
 
 
@@ -290,7 +339,7 @@ def test_only_one_probe_at_a_time():
     health.begin(probe, retry=False)
     assert health.snapshot()["a"]["state"] == "probing"
     assert health.order((a, b)) == (b,)  # nobody else while the probe is out
-    health.settle(probe, failed=None)  # the client left: no verdict, the probe is due again
+    health.settle(probe, None)  # the client left: no verdict, the probe is due again
     assert health.order((a, b)) == (a, b)
 
 
@@ -437,7 +486,7 @@ def test_weighted_route_splits_3_to_1_and_skips_the_ejected():
     assert firsts(lambda: health.order(r.backends), 800) == {"a": 300, "b": 100, "c": 400}
     failing = Attempt(c, 1, 0)
     health.begin(failing, retry=False)
-    health.settle(failing, failed=True)
+    health.settle(failing, CONNECTION_FAILED)
     assert firsts(lambda: health.order(r.backends), 800) == {"a": 600, "b": 200}
 
 
@@ -460,7 +509,7 @@ def test_least_outstanding_route_reads_in_flight_attempts():
         health.begin(x, retry=False)
     assert all(health.order(r.backends)[0] is b for _ in range(20))
     for x in held:
-        health.settle(x, failed=False)
+        health.settle(x, SUCCESS)
     assert firsts(lambda: health.order(r.backends), 200).keys() == {"a", "b"}
 
 
