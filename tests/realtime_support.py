@@ -4,7 +4,8 @@ thread, speaking the Realtime API's text events, with behaviours chosen by the m
 Models (the ``model`` query parameter the gateway passes on):
 
 - anything else: a session (``session.created``; ``response.create`` → ``response.created``,
-  ``deltas`` ``response.output_text.delta`` events ``PACE_S`` apart (0 by default), ``response.done``
+  ``deltas`` ``response.output_text.delta`` events ``pace_s`` apart (0 by default),
+  ``response.done``
   with usage); ``echo`` is relayed back verbatim (text and binary) for any other event;
 - ``refuse-NNN``: the handshake answered with HTTP status NNN and an OpenAI error body;
 - ``close-CODE``: after the first client message, a close frame CODE "upstream says bye";
@@ -33,7 +34,8 @@ from websockets.http11 import Request, Response
 
 from tests.support import free_port
 
-BACKEND_KEY = "sk-backend-secret"
+#: the key the test configs make the gateway send upstream (tests/conftest.py sets it)
+BACKEND_KEY = "sk-backend-secret-for-tests"
 
 
 @dataclass

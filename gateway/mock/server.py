@@ -12,9 +12,10 @@ import asyncio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from gateway.mock.engine import MockSettings, bad_request, reply
+from gateway.mock.realtime import websocket_endpoint
 
 
 def create_mock_app(settings: MockSettings | None = None) -> Starlette:
@@ -37,5 +38,9 @@ def create_mock_app(settings: MockSettings | None = None) -> Starlette:
         return Response(r.body, status_code=r.status, media_type=r.content_type)
 
     return Starlette(
-        routes=[Route("/v1/{path:path}", handle, methods=["GET", "POST"])],
+        routes=[
+            # the Realtime API over WebSocket (docs/spec.md §19): gateway/mock/realtime.py
+            WebSocketRoute("/v1/realtime", websocket_endpoint(base)),
+            Route("/v1/{path:path}", handle, methods=["GET", "POST"]),
+        ],
     )

@@ -65,3 +65,25 @@ def test_embedded_default_answers_realtime_through_the_sdk(gateway):
     usage = got["done"].response.usage
     assert usage.output_tokens == len(got["text"].split())
     assert usage.input_tokens == 3
+
+
+def test_mock_upstream_server_speaks_realtime_through_the_gateway(gateway, mock_upstream):
+    """``gateway mock-upstream`` (a real server) serves /v1/realtime over WebSocket; its
+    ``mock-status-NNN`` models refuse the handshake, and that status reaches the client."""
+    gw = gateway(config_for(mock_upstream.url + "/v1"))
+    got = asyncio.run(asyncio.wait_for(sdk_turn(gw.base_url, "gpt-4o", "one two"), 20))
+    assert got["text"] and got["done"].response.status == "completed"
+    assert got["done"].response.usage.input_tokens == 2
+
+    async def refused() -> int:
+        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-client")
+        try:
+            async with client.realtime.connect(model="mock-status-404") as conn:
+                await conn.recv()
+        except Exception as exc:  # the SDK surfaces websockets' InvalidStatus
+            return int(exc.response.status_code)  # type: ignore[attr-defined]
+        finally:
+            await client.close()
+        return 101
+
+    assert asyncio.run(asyncio.wait_for(refused(), 20)) == 404
