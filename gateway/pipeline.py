@@ -20,7 +20,6 @@ from gateway.hops.ownership import RecordingWriter
 from gateway.protocols import BY_PATH
 from gateway.routes import Backend
 from gateway.runtime import Runtime
-from gateway.scope import RequestScope
 from gateway.streaming.bodies import relay_json, replay_json
 from gateway.streaming.relay import SSERelay, replay_sse
 from gateway.types import Receive, Scope, Send
@@ -40,9 +39,10 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
         body = await read_body(ctx, receive, rt.max_body)  # bounded, decoded: 413 / 415
         call = rt.router.route(ctx, body)  # parse once, route, policies
         owner = None
-        if BY_PATH[call.path].stateful:  # the Responses API: where its state lives
-            owner = await stateful(rt, req, call)
-            out = req.out
+        if BY_PATH[call.path].stateful:  # the Responses API: its state lives on one backend
+            out = req.out = recording(rt, call, out)
+            if (previous := call.payload.get("previous_response_id")) is not None:
+                owner = await rt.ownership.owner(previous)  # None: unknown, routed by model
         lookup = await rt.cache.lookup(ctx, call)  # a hit, an identical call in flight, a miss
         ctx.timeline.routed = time.perf_counter()
         if lookup.entry is not None:
@@ -53,16 +53,13 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
             await from_upstream(rt, ctx, call, lookup.plan, out, receive, owner)
 
 
-async def stateful(rt: Runtime, req: RequestScope, call: Call) -> Backend | None:
-    """docs/spec.md §22: a follow-up (``previous_response_id``) goes to the backend that made
-    the response it names (None: unknown there, routed by model); an answer the upstream will
-    store is recorded as that backend's before the client gets its first byte."""
-    payload = call.payload
-    previous = payload.get("previous_response_id")
-    owner = await rt.ownership.owner(previous) if previous is not None else None
-    if payload.get("store") is not False:  # store: false answers are kept nowhere
-        req.out = RecordingWriter(req.out, rt.ownership, call.route.config.response_affinity_ttl_s)
-    return owner
+def recording(rt: Runtime, call: Call, out: ResponseWriter) -> ResponseWriter:
+    """docs/spec.md §22: a Responses answer the upstream will store is recorded as the
+    answering backend's before the client gets its first byte (a follow-up through any replica
+    then finds it); ``store: false`` answers are kept nowhere, so nothing is recorded."""
+    if call.payload.get("store") is False:
+        return out
+    return RecordingWriter(out, rt.ownership, call.route.config.response_affinity_ttl_s)
 
 
 async def from_upstream(

@@ -43,7 +43,6 @@ from typing import Final, Protocol, TypeVar
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.redis import connect
 from gateway.config import Config
-from gateway.context import RequestContext
 from gateway.routes import Backend
 from gateway.types import RawHeaders
 from gateway.writer import ResponseWriter
@@ -128,8 +127,9 @@ class MemoryOwners:
 
     def set_now(self, response_id: str, backend: str, ttl_s: float) -> None:
         entries = self._entries
+        # ids are unique: a new key goes in at the most recent end (a repeated one keeps its
+        # place, with the new expiry)
         entries[response_id] = (backend, self._clock() + ttl_s)
-        entries.move_to_end(response_id)
         if len(entries) > self.max_entries:
             entries.popitem(last=False)
 
@@ -248,9 +248,17 @@ class Ownership:
         return self._backends.get(name) if name is not None else None
 
     async def record(self, response_id: str, backend: Backend, ttl_s: float) -> None:
+        if self.record_here(response_id, backend, ttl_s):
+            await self.record_shared(response_id, backend, ttl_s)
+
+    def record_here(self, response_id: str, backend: Backend, ttl_s: float) -> bool:
+        """Record in this process; True when the shared store is to be told too."""
         if not 0 < len(response_id) <= MAX_ID_CHARS:
-            return
+            return False
         self.local.set_now(response_id, backend.name, ttl_s)
+        return self.shared is not None
+
+    async def record_shared(self, response_id: str, backend: Backend, ttl_s: float) -> None:
         if self.shared is not None:
             # kept here; other replicas route it by model while Redis cannot take it
             with contextlib.suppress(OwnersUnavailable):
@@ -287,25 +295,28 @@ class RecordingWriter(ResponseWriter):
         self._ttl = ttl_s
 
     async def start(self, status: int, headers: RawHeaders) -> None:
-        if self._ownership is not None:
-            if status == 200:
-                await self._record(self._ctx)
-            else:
+        ownership = self._ownership
+        if ownership is not None:
+            if status != 200:
                 self._ownership = None  # an error answer: nothing was made
+            elif (rid := self._ctx.answer.response_id) is not None:
+                await self._record(ownership, rid)
         await super().start(status, headers)
 
     async def body(self, data: bytes, more: bool = False) -> None:
-        if self._ownership is not None:
-            await self._record(self._ctx)
+        ownership = self._ownership
+        if ownership is not None and (rid := self._ctx.answer.response_id) is not None:
+            await self._record(ownership, rid)  # a stream whose first events carried no id
         await super().body(data, more)
 
-    async def _record(self, ctx: RequestContext) -> None:
-        rid = ctx.answer.response_id
-        ownership = self._ownership
-        if rid is None or ownership is None or not ctx.attempts:
-            return  # not known yet (a stream whose first events carry no id): next write
+    async def _record(self, ownership: Ownership, rid: str) -> None:
         self._ownership = None
-        await ownership.record(rid, ctx.attempts[-1].backend, self._ttl)
+        attempts = self._ctx.attempts
+        if not attempts:
+            return
+        backend = attempts[-1].backend  # the attempt whose answer this is
+        if ownership.record_here(rid, backend, self._ttl):  # memory only: no await at all
+            await ownership.record_shared(rid, backend, self._ttl)
 
 
 def build_ownership(
