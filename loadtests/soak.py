@@ -28,9 +28,10 @@ the pool hands that connection meanwhile fails — a documented 502, but one a p
 idle connection before reuse mostly avoids), otherwise as *unexplained*.
 
 It prints requests, answers by kind, errors by kind, outcomes per fault asked, what the gateway
-counted per backend (ejections, retries, retry budget spent), what the upstreams saw, and the
-gateway's RSS, open file descriptors and TCP connections (``/proc/<pid>``) at the start (idle,
-after a warm-up), every minute under load and at the end (idle again, clients gone).
+counted per backend (ejections, per-model ejections, retries, retry budget spent), what the
+upstreams saw, and the gateway's RSS, open file descriptors and TCP connections
+(``/proc/<pid>``) at the start (idle, after a warm-up), every minute under load and at the end
+(idle again, clients gone).
 
 Exit status: 0 when nothing was unexpected or unexplained and the gateway exited 0 after SIGTERM,
 1 otherwise, 2 for bad arguments. All traffic stays on 127.0.0.1; temp files live in one temp
@@ -608,8 +609,9 @@ def table(
     rows.append("gateway per backend (/readyz at the end)")
     for name, b in backends.items():
         rows.append(
-            f"  {name}: ejections {b.get('ejections')}, retries {b.get('retries')}, "
-            f"retry budget spent {b.get('budget_exhausted')}, state {b.get('state')}"
+            f"  {name}: ejections {b.get('ejections')}, model ejections "
+            f"{b.get('model_ejections')}, retries {b.get('retries')}, retry budget spent "
+            f"{b.get('budget_exhausted')}, state {b.get('state')}, models {b.get('models') or {}}"
         )
     rows.append("upstreams saw (by fault kind; burst = answered 503 by a 5xx burst)")
     for name, counts in seen.items():
