@@ -39,6 +39,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    UnknownMetricFamily,
 )
 from prometheus_client.samples import Exemplar
 
@@ -63,13 +64,15 @@ ExemplarData = tuple[int, float, float]
 
 
 class Counter:
-    __slots__ = ("doc", "labelnames", "name", "values")
+    __slots__ = ("doc", "labelnames", "name", "untyped", "values")
 
-    def __init__(self, name: str, doc: str, labelnames: Labels) -> None:
+    def __init__(self, name: str, doc: str, labelnames: Labels, untyped: bool = False) -> None:
         self.name = name
         self.doc = doc
         self.labelnames = labelnames
         self.values: dict[Labels, float] = {}
+        #: exposed as an untyped family under its full name (see :class:`RealtimeMetrics`)
+        self.untyped = untyped
 
     def inc(self, labels: Labels, amount: float = 1.0) -> None:
         values = self.values
@@ -273,7 +276,8 @@ class Metrics:
     def families(self, snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
         """prometheus-client metric families of the merged snapshots."""
         for c in self.counters:
-            fam = CounterMetricFamily(c.name, c.doc, labels=c.labelnames)
+            family = UnknownMetricFamily if c.untyped else CounterMetricFamily
+            fam = family(c.name, c.doc, labels=c.labelnames)
             for labels, value in _merge_counters(snapshots, c.name).items():
                 fam.add_metric(labels, value)
             yield fam
@@ -465,8 +469,14 @@ class RealtimeMetrics:
 
     def __init__(self) -> None:
         self.open = 0
+        # an untyped family named in full: a counter family would be
+        # "gateway_realtime_sessions" in OpenMetrics, the gauge's name (a clash that fails the
+        # whole scrape); its samples are the same, and rate() reads them as a counter's
         self.sessions = Counter(
-            "gateway_realtime_sessions", "Realtime sessions ended, by close code", ("close_code",)
+            "gateway_realtime_sessions_total",
+            "Realtime sessions ended, by close code",
+            ("close_code",),
+            untyped=True,
         )
         self.message_overhead = Histogram(
             "gateway_realtime_message_overhead_seconds",
