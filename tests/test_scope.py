@@ -65,7 +65,7 @@ async def body_of(scope_fn: Any) -> tuple[Sent, Any]:
 
 def test_a_gateway_error_before_the_response_is_rendered_and_finished_once(rt):
     async def go(sent: Sent) -> None:
-        async with rt.request(http_scope(), sent) as req:
+        async with rt.request(http_scope(), sent):
             raise NotFound("no route for model 'x'", code="model_not_found")
 
     sent, _ = asyncio.run(body_of(go))
