@@ -33,7 +33,9 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
     async with rt.request(scope, send) as req:
         ctx = req.ctx
         backend = rt.router.routes[0].backends[0]
-        await rt.auth.check(ctx)  # with auth on, passthrough needs a key like a model call
+        # with auth on, passthrough needs a key like a model call; nothing meters it, so a key
+        # with a budget may use it only if it is an admin key (docs/spec.md §20)
+        await rt.auth.check(ctx, passthrough=True)
         response_id = response_path_id(ctx.path)
         owner = await rt.ownership.owner(response_id) if response_id is not None else None
         # unchanged means unchanged: the body keeps its coding, the client picks the answer's
@@ -103,6 +105,8 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
         # reported, never a reason to be unready: requests do not depend on the collector
         "tracing": rt.tracing.state(),
         "cache": rt.cache.state(),
+        # where response id -> backend lives (docs/spec.md §22): memory | redis:<state>
+        "responses": rt.ownership.state(),
     }
     await plain_json(send, 200, body)
 

@@ -214,6 +214,8 @@ def test_two_replicas_sharing_redis_route_every_turn_to_the_owner(tmp_path: Path
             assert text_of(answer) == f"{owner} turn {turn}"
             previous = answer.id
         assert follow_ups(a, b) == [owner] * 7
+        ready = httpx2.get(one.url + "/readyz", timeout=10).json()
+        assert ready["responses"] == "redis:ok"  # where the mapping lives, for operators
         # the mapping is in Redis, with the route's TTL (response_affinity_ttl_s, 86400)
         ttl = int(redis.command(f"TTL gateway:response-owner:v1:default:{previous}".encode())[1:])
         assert 86000 < ttl <= 86400
