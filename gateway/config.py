@@ -645,6 +645,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_server(cfg.server, err)
     names = _check_backends(cfg.backends, err)
     _check_routes(cfg.routes, names, err)
+    _check_tokens_fields(cfg, err)
     _check_edge(cfg.edge, err)
     _check_cache(cfg.cache, err)
     _check_tracing(cfg.tracing, err)
@@ -737,6 +738,23 @@ def _check_routes(routes: tuple[RouteConfig, ...], backends: set[str], err: _Err
             if value is not None and value < 1:
                 err(f"{p}.{name}", "must be >= 1")
         _check_weights(r, p, err)
+
+
+def _check_tokens_fields(cfg: Config, err: _Errors) -> None:
+    """A route that sets a missing limit (``max_tokens_cap``) sets one field for all of its
+    backends: they must agree on ``max_tokens_field`` (docs/spec.md §12)."""
+    fields = {b.name: b.tokens_field for b in cfg.backends}
+    for i, r in enumerate(cfg.routes):
+        if r.max_tokens_cap is None:
+            continue
+        used = {fields[n] for n in r.backends if n in fields}
+        if len(used) > 1:
+            err(
+                f"routes[{i}].backends",
+                "max_tokens_cap sets one field when the client sent no limit, but these "
+                f"backends take different ones ({', '.join(sorted(used))}): set "
+                "max_tokens_field on them",
+            )
 
 
 def _check_weights(r: RouteConfig, p: str, err: _Errors) -> None:

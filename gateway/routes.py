@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gateway.config import BackendConfig, RouteConfig
@@ -94,6 +94,14 @@ class Backend:
 class Route:
     config: RouteConfig
     backends: tuple[Backend, ...]
+    #: the field ``max_tokens_cap`` sets when a chat request names no limit: the first
+    #: backend's ``max_tokens_field`` (``gateway check-config`` refuses a route whose backends
+    #: disagree), worked out once here, not per request
+    tokens_field: str = field(init=False, default="max_tokens")
+
+    def __post_init__(self) -> None:
+        if self.backends:
+            object.__setattr__(self, "tokens_field", self.backends[0].config.tokens_field)
 
     @property
     def name(self) -> str:

@@ -217,6 +217,16 @@ def test_a_config_copied_from_the_spec_sections_is_accepted():
             "auth.keys[0].budget_period: must be one of",
         ),
         ({"realtime": {"max_message_bytes": 0}}, "realtime.max_message_bytes: must be > 0"),
+        (
+            {
+                "backends": [
+                    {"name": "a", "url": "https://api.openai.com/v1"},
+                    {"name": "b", "url": "http://vllm:8000/v1"},
+                ],
+                "routes": [{"models": ["*"], "backends": ["a", "b"], "max_tokens_cap": 10}],
+            },
+            "routes[0].backends: max_tokens_cap sets one field",
+        ),
         ({"metrics": {"enabled": "yes"}}, "metrics.enabled: expected true or false"),
         ({"ui": {"path": "gateway"}}, "ui.path: must start and end with '/'"),
         ({"ui": {"path": "/v1/x/"}}, "ui.path: must not shadow"),

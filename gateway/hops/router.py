@@ -66,7 +66,7 @@ class Router:
         call = Call(ctx.path, api.operation, body, payload, payload.get("stream") is True, route)
         cfg = route.config
         if cfg.max_tokens_cap is not None or cfg.history_window is not None:
-            notes = api.apply_policies(payload, cfg)
+            notes = api.apply_policies(payload, cfg, route.tokens_field)
             if notes:
                 call.policies = notes
                 call.body = orjson.dumps(payload)

@@ -61,11 +61,19 @@ class Api:
             if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
                 raise InvalidRequest(f"'{key}' must be a number", code="invalid_type")
 
-    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
-        """Apply ``max_tokens_cap`` and ``history_window`` in place; return what changed."""
+    def apply_policies(
+        self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None
+    ) -> dict[str, Any]:
+        """Apply ``max_tokens_cap`` and ``history_window`` in place; return what changed.
+
+        ``tokens_field``: the field the backend takes when the client named no limit (one of
+        :attr:`max_tokens_fields`; else the first of them)."""
         notes: dict[str, Any] = {}
         if cfg.max_tokens_cap is not None:
-            cap_tokens(payload, cfg.max_tokens_cap, self.max_tokens_fields, notes)
+            fields = self.max_tokens_fields
+            if tokens_field in fields and tokens_field != fields[0]:
+                fields = (tokens_field, *(f for f in fields if f != tokens_field))
+            cap_tokens(payload, cfg.max_tokens_cap, fields, notes)
         return notes
 
     # ------------------------------------------------------------ answers

@@ -66,8 +66,10 @@ class Messages(Api):
         if stop is not None and not isinstance(stop, list):
             raise InvalidRequest("'stop_sequences' must be an array", code="invalid_type")
 
-    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
-        notes = super().apply_policies(payload, cfg)
+    def apply_policies(
+        self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None
+    ) -> dict[str, Any]:
+        notes = super().apply_policies(payload, cfg, tokens_field)
         if cfg.history_window is not None:
             _window_messages(payload, cfg.history_window, notes)
         return notes
@@ -123,7 +125,9 @@ class CountTokens(Messages):
 
     operation = "count_tokens"
 
-    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
+    def apply_policies(
+        self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None
+    ) -> dict[str, Any]:
         # no max_tokens cap (the endpoint refuses the field); the window messages would get,
         # so the count is of what a messages call with this body would send
         notes: dict[str, Any] = {}

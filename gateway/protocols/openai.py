@@ -97,8 +97,10 @@ class ChatCompletions(_OpenAIApi):
                     code="invalid_messages",
                 )
 
-    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
-        notes = super().apply_policies(payload, cfg)
+    def apply_policies(
+        self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None
+    ) -> dict[str, Any]:
+        notes = super().apply_policies(payload, cfg, tokens_field)
         if cfg.history_window is not None:
             window_messages(payload, "messages", cfg.history_window, notes)
         return notes
@@ -147,5 +149,7 @@ class Embeddings(_OpenAIApi):
                 "'input' must be a non-empty string or array", code="invalid_input"
             )
 
-    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
+    def apply_policies(
+        self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None
+    ) -> dict[str, Any]:
         return {}  # no completion to cap, no history to window

@@ -67,8 +67,10 @@ class Responses(Api):
             if v is not None and not isinstance(v, kind):
                 raise InvalidRequest(f"'{key}' must be {what}", code="invalid_type")
 
-    def apply_policies(self, payload: dict[str, Any], cfg: RouteConfig) -> dict[str, Any]:
-        notes = super().apply_policies(payload, cfg)
+    def apply_policies(
+        self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None
+    ) -> dict[str, Any]:
+        notes = super().apply_policies(payload, cfg, tokens_field)
         items = payload.get("input")
         if (
             cfg.history_window is not None

@@ -121,6 +121,30 @@ def test_max_tokens_cap_clamps_and_sets_when_absent():
     assert call.policies == {"policy.max_tokens": "unset->100"}
 
 
+@pytest.mark.parametrize(
+    ("url", "field", "sets"),
+    [
+        # OpenAI's reasoning models (o1/o3/o4) reject max_tokens: its hosts take the other one
+        ("https://api.openai.com/v1", None, "max_completion_tokens"),
+        ("https://acme.openai.azure.com/openai/v1", None, "max_completion_tokens"),
+        ("http://127.0.0.1:8000/v1", None, "max_tokens"),
+        ("http://127.0.0.1:8000/v1", "max_completion_tokens", "max_completion_tokens"),
+        ("https://api.openai.com/v1", "max_tokens", "max_tokens"),
+    ],
+)
+def test_a_missing_limit_is_set_in_the_field_the_backend_takes(url, field, sets):
+    cfg = BackendConfig(name="b", url=url, max_tokens_field=field)
+    backend = Backend(cfg, MockTransport(MOCK), environ={})
+    r = Router((Route(route_cfg("o", ("o3*",), max_tokens_cap=100), (backend,)),))
+    body = orjson.loads(r.route(context(), orjson.dumps({**CHAT, "model": "o3-mini"})).body)
+    other = ({"max_tokens", "max_completion_tokens"} - {sets}).pop()
+    assert body[sets] == 100 and other not in body
+    # a limit the client sent is clamped where it is, whatever the backend's field
+    sent = orjson.dumps({**CHAT, "model": "o3-mini", other: 500})
+    body = orjson.loads(r.route(context(), sent).body)
+    assert body[other] == 100 and sets not in body
+
+
 def test_history_window_keeps_system_and_the_last_n_and_no_orphan_tool_result():
     messages = [
         {"role": "system", "content": "be brief"},
