@@ -458,6 +458,16 @@ def say(level: int, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def live_view_line(config: Config, address: str) -> str:
+    """Where the live view is, or why it is off and how to turn it on (docs/spec.md §18)."""
+    if config.ui.enabled:
+        return f"gateway: live view on http://{address}{config.ui.path}"
+    return (
+        "gateway: live view off (it is on by default only when listening on loopback or with "
+        '[auth] mode = "keys"); [ui] enabled = true turns it on'
+    )
+
+
 def exposure_warning(config: Config) -> str | None:
     """The startup warning of docs/spec.md §3: listening beyond loopback, no client keys asked
     for, and a backend that sends its own key — anyone who reaches the port spends it."""
@@ -506,14 +516,25 @@ def serve(config: Config) -> int:
     It says "serving on …" only once the socket is bound; an address that cannot be bound (in
     use, not this machine's, a privileged port) is one line naming it and exit status
     :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
+    from gateway.telemetry.logs import log_config
+
     server = config.server
     workers = server.workers > 1
+    # every line the process (and each worker) writes in [logging] format (docs/spec.md §4)
+    logs = log_config(config.logging)
     if workers:
-        uv = uvicorn_config(config, "gateway.app:create_app", factory=True, workers=server.workers)
+        uv = uvicorn_config(
+            config,
+            "gateway.app:create_app",
+            factory=True,
+            workers=server.workers,
+            log_config=logs,
+        )
     else:
         from gateway.app import Gateway
 
-        uv = uvicorn_config(config, Gateway(config))
+        uv = uvicorn_config(config, Gateway(config), log_config=logs)
+    logging.captureWarnings(True)  # py.warnings through the same handlers
     uv.freeze_gc = True
     warning = exposure_warning(config)
     if warning is not None:
@@ -527,6 +548,7 @@ def serve(config: Config) -> int:
         return STARTUP_FAILURE
     with sock:
         say(logging.INFO, f"gateway: serving on http://{address} (config: {config.source})")
+        say(logging.INFO, live_view_line(config, address))
         if workers:
             return _serve_workers(uv, sock)
         gateway_server = GatewayServer(uv)

@@ -1,8 +1,13 @@
-"""The JSON access log: one line per request, from the Timeline (SPEC §11).
+"""The JSON access log: one line per request, from the Timeline (docs/spec.md §11); and the
+format of every other line the process writes (``[logging] format``, docs/spec.md §4).
 
 Sampled as ``[logging]`` says: ``all``; ``sampled`` = every non-2xx, every request slower than
 ``slow_ms``, and ``sample_ratio`` of the rest; ``off``. Nothing is formatted for a request that
 is sampled out. Never a key, a prompt or a completion: only what is listed in :func:`line`.
+
+With ``format = "json"`` (the default) every line is one JSON object — warnings, uvicorn's own
+lines and the startup lines too — so a log shipper (Loki, Vector, CloudWatch) parses all of it;
+``format = "text"`` is for humans at a terminal.
 """
 
 from __future__ import annotations
@@ -19,6 +24,65 @@ from gateway.config import LoggingConfig
 from gateway.context import RequestContext
 
 ACCESS_LOGGER = "gateway.access"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``ts``, ``level``, ``logger``, ``msg`` (and ``exc``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        return orjson.dumps(out).decode()
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_config(cfg: LoggingConfig) -> dict[str, Any]:
+    """The ``logging.config.dictConfig`` of a serving process (uvicorn takes it as
+    ``log_config``, so each worker applies it too): the gateway's and uvicorn's loggers and the
+    root one write to stderr in ``cfg.format``. The access log keeps its own stdout handler
+    (:class:`AccessLog`; its lines are JSON objects already)."""
+    level = cfg.level.upper()
+    formatter: dict[str, Any] = (
+        {"()": f"{__name__}.JsonFormatter"} if cfg.format == "json" else {"format": TEXT_FORMAT}
+    )
+    quiet = {"handlers": ["stderr"], "level": level, "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"line": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "line",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            "gateway": quiet,
+            "uvicorn": quiet,
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"handlers": ["stderr"], "level": level, "propagate": False},
+        },
+        "root": {"handlers": ["stderr"], "level": "WARNING"},
+    }
+
+
+def configure(cfg: LoggingConfig) -> None:
+    """Apply :func:`log_config` in this process (before anything is logged), warnings too."""
+    import logging.config
+
+    logging.config.dictConfig(log_config(cfg))
+    logging.captureWarnings(True)  # py.warnings -> the root logger -> the same format
 
 
 class AccessLog:

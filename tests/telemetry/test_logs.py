@@ -133,3 +133,85 @@ def test_access_log_off_writes_nothing(gateway, mock_upstream, lines):
     calls(gw.base_url)
     time.sleep(0.2)
     assert lines.raw == []
+
+
+# ---------------------------------------------------------------- every line a JSON object
+
+
+def _serve_and_collect(tmp_path: Any, fmt: str, host: str = "127.0.0.1") -> list[str]:
+    """``gateway serve`` as a process with a backend whose key variable is unset (a warning at
+    startup), one request through it, then SIGTERM: every line it wrote."""
+    import httpx2
+
+    from tests.support import Process, free_port, gateway_cli
+
+    port = free_port()
+    config = tmp_path / f"gateway-{fmt}.toml"
+    config.write_text(
+        f"""
+[server]
+host = "{host}"
+port = {port}
+
+[logging]
+access_log = "all"
+level = "info"
+format = "{fmt}"
+
+[[backends]]
+name = "mock"
+url = "mock://"
+api_key_env = "GATEWAY_TEST_UNSET_KEY_VARIABLE"
+
+[[routes]]
+models = ["*"]
+backends = ["mock"]
+"""
+    )
+    proc = Process(
+        gateway_cli("serve", "-c", str(config)), port, env={"GATEWAY_TEST_UNSET_KEY_VARIABLE": ""}
+    )
+    try:
+        r = httpx2.post(
+            f"{proc.url}/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        assert r.status_code == 200
+    finally:
+        out = proc.stop()
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def test_every_line_the_process_writes_is_json_by_default(tmp_path):
+    lines = _serve_and_collect(tmp_path, "json")
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            pytest.fail(f"not a JSON line: {line!r}\n" + "\n".join(lines))
+    assert all(isinstance(p, dict) for p in parsed)
+    # the startup warning, uvicorn's own lines and the access log line are all among them
+    warning = [p for p in parsed if p.get("level") == "warning" and p.get("logger") == "gateway"]
+    assert any("GATEWAY_TEST_UNSET_KEY_VARIABLE" in p["msg"] for p in warning), parsed
+    assert any(str(p.get("logger", "")).startswith("uvicorn") for p in parsed), parsed
+    assert any(p.get("path") == "/v1/chat/completions" for p in parsed), parsed
+
+
+def test_text_format_is_for_humans(tmp_path):
+    lines = _serve_and_collect(tmp_path, "text")
+    warning = [line for line in lines if "GATEWAY_TEST_UNSET_KEY_VARIABLE" in line]
+    assert warning and " WARNING gateway: " in warning[0], lines
+
+
+def test_the_startup_lines_say_where_the_live_view_is_or_how_to_turn_it_on(tmp_path):
+    on = [orjson.loads(line).get("msg", "") for line in _serve_and_collect(tmp_path, "json")]
+    assert any(m.startswith("gateway: live view on http://127.0.0.1:") for m in on), on
+    # a real config listening beyond loopback with auth off: off, and the line says why and how
+    off = [
+        orjson.loads(line).get("msg", "")
+        for line in _serve_and_collect(tmp_path, "json", "0.0.0.0")
+    ]
+    (line,) = [m for m in off if "live view" in m]
+    assert "live view off" in line and "[ui] enabled = true" in line, off
