@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 #: the ASGI scope key under which the server puts ``time.perf_counter()`` of the moment the
 #: request's first byte was read from the client socket (absent: the first ASGI event is used)
@@ -205,30 +205,112 @@ class Call:
 _NO_POLICIES: Mapping[str, Any] = MappingProxyType({})
 
 
+class Pricing(Protocol):
+    """What prices a finished request (:class:`gateway.spend.Prices`)."""
+
+    def cost(self, ctx: RequestContext) -> float | None: ...
+
+
+class Usage:
+    """The tokens of one answer as its upstream reported them (docs/spec.md §20): read once per
+    protocol (:mod:`gateway.protocols`, JSON answers and stream events alike); tokens, cost, tpm,
+    budgets, metrics, spans and the access log all take them from here.
+
+    ``input`` is all input, its cached part (``cached_input``, served from the provider's prompt
+    cache) and its cache writes (``cache_write``, Anthropic's ``cache_creation_input_tokens``)
+    included; ``output`` all output, ``reasoning`` included. ``input``/``output`` are None until
+    reported; the parts are 0 unless reported.
+    """
+
+    __slots__ = ("cache_write", "cached_input", "input", "output", "reasoning")
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.output: int | None = None
+        self.cached_input = 0
+        self.cache_write = 0
+        self.reasoning = 0
+
+    @property
+    def reported(self) -> bool:
+        """Whether the upstream reported any usage at all."""
+        return self.input is not None or self.output is not None
+
+    @property
+    def total(self) -> int:
+        """Input + output (what ``tpm`` counts)."""
+        return (self.input or 0) + (self.output or 0)
+
+    def parts(self, cached_input: Any, cache_write: Any, reasoning: Any) -> None:
+        """Record the parts a protocol reports (values that are not ints are ignored)."""
+        if type(cached_input) is int:
+            self.cached_input = cached_input
+        if type(cache_write) is int:
+            self.cache_write = cache_write
+        if type(reasoning) is int:
+            self.reasoning = reasoning
+
+
 class Answer:
-    """What came back: status (set by the response writer), usage, ids, the error if any."""
+    """What came back: status (set by the response writer), usage, cost, ids, the error if any."""
 
     __slots__ = (
         "captured",
+        "cost_usd",
+        "costed",
         "error",
         "finish_reasons",
-        "input_tokens",
-        "output_tokens",
+        "pricing",
+        "reserved_nano",
+        "reserved_shared",
+        "reserved_tokens",
         "response_id",
         "response_model",
         "status",
+        "tokens",
     )
 
     def __init__(self) -> None:
         self.status = 0
         self.error: GatewayError | None = None
-        self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
+        #: the usage the upstream reported (docs/spec.md §20)
+        self.tokens = Usage()
         self.response_model: str | None = None
         self.response_id: str | None = None
         self.finish_reasons: list[str] | None = None
         #: completion text pieces, collected only with tracing.capture_content = true
         self.captured: list[str] | None = None
+        #: how this request's usage is priced (:class:`gateway.spend.Prices`, named by the auth
+        #: hop); None: it is not priced at all
+        self.pricing: Pricing | None = None
+        #: the cost in USD, worked out once when first asked (:func:`gateway.spend.cost`;
+        #: None: no price for the model, or not a model call)
+        self.cost_usd: float | None = None
+        self.costed = False
+        #: what the auth hop reserved before the upstream call (tpm tokens, budget nano-USD),
+        #: replaced by the real usage at the end; whether it was reserved in the shared store
+        self.reserved_tokens = 0
+        self.reserved_nano = 0
+        #: None while the reservation is due (set by the auth hop, made by its admit step)
+        self.reserved_shared: bool | None = False
+
+    @property
+    def input_tokens(self) -> int | None:
+        """All input tokens (``gen_ai.usage.input_tokens``): :attr:`Usage.input`."""
+        return self.tokens.input
+
+    @input_tokens.setter
+    def input_tokens(self, value: int | None) -> None:
+        self.tokens.input = value
+
+    @property
+    def output_tokens(self) -> int | None:
+        """All output tokens (``gen_ai.usage.output_tokens``): :attr:`Usage.output`."""
+        return self.tokens.output
+
+    @output_tokens.setter
+    def output_tokens(self, value: int | None) -> None:
+        self.tokens.output = value
 
     def error_type(self) -> str | None:
         """What went wrong, for metrics and logs: the gateway error's code, or the kind of an
@@ -245,10 +327,12 @@ class Answer:
         return None
 
     def usage(self, input_tokens: Any, output_tokens: Any) -> None:
+        """Record input and output tokens (values that are not ints are ignored)."""
+        tokens = self.tokens
         if type(input_tokens) is int:
-            self.input_tokens = input_tokens
+            tokens.input = input_tokens
         if type(output_tokens) is int:
-            self.output_tokens = output_tokens
+            tokens.output = output_tokens
 
 
 class RequestContext:

@@ -135,6 +135,7 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
                 "gateway_backend_up": {(name,): float(health.up(name)) for name in backends},
                 # 1 while limits count per process because their Redis is unreachable
                 "gateway_ratelimit_fallback": {(): float(auth.fallback)},
+                "gateway_budget_used_ratio": auth.budget_ratios(),  # as this process saw it
             },
         )
         shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it

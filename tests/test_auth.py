@@ -196,22 +196,40 @@ def test_rpm_refuses_with_retry_after_and_openai_ratelimit_headers(gw, seen):
     assert chat(gw, KEY_B).status_code == 200
 
 
-def test_tpm_is_debited_from_the_usage_the_upstream_reported(gw, seen):
-    first = chat(gw, KEY_TOKENS)
+def test_tpm_reserves_the_estimate_and_debits_the_usage_the_upstream_reported(gw, seen):
+    body = orjson.dumps({"model": "gpt-4o", "messages": MSG, "max_tokens": 10})
+    reserved = -(-len(body) // 4) + 10  # the body's bytes / 4, plus max_tokens
+
+    def ask():
+        return httpx2.post(
+            gw.base_url + "/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {KEY_TOKENS}", "content-type": "application/json"},
+        )
+
+    first = ask()
     assert first.status_code == 200
     assert first.headers["x-ratelimit-limit-tokens"] == "100"
-    assert first.headers["x-ratelimit-remaining-tokens"] == "100"  # nothing spent yet
-    second = chat(gw, KEY_TOKENS)  # admitted: 60 of 100 spent, budget left
-    assert second.status_code == 200
-    assert 39 <= int(second.headers["x-ratelimit-remaining-tokens"]) <= 41
-    deadline = time.monotonic() + 5  # the second answer's 60 tokens overdraw the budget
-    while (r := chat(gw, KEY_TOKENS)).status_code == 200:
+    assert first.headers["x-ratelimit-remaining-tokens"] == "100"  # nothing spent before it
+    deadline = time.monotonic() + 5  # its end replaces what it reserved by the 60 reported
+    while (second := ask()).status_code == 200 and int(
+        second.headers["x-ratelimit-remaining-tokens"]
+    ) > 41:
+        assert time.monotonic() < deadline, "the usage was never debited"
+    assert second.status_code == 200  # 60 of 100 spent: the reservation fits
+    # the second answer's 60 tokens overdraw the budget (its estimate was short): refused
+    deadline = time.monotonic() + 5
+    while (r := ask()).status_code == 200:
         assert time.monotonic() < deadline, "the overdrawn key was never refused"
     assert r.status_code == 429
-    assert "tokens per minute" in r.json()["error"]["message"]
-    # 120 of 100 spent: ~20 tokens' worth (12 s) plus one before any budget is back
-    assert 10 <= int(r.headers["retry-after"]) <= 15
+    message = r.json()["error"]["message"]
+    assert "tokens per minute" in message
+    assert f"this request may use up to {reserved} tokens" in message
+    # 120 of 100 spent: 20 tokens' worth plus what it reserves (0.6 s a token) before it fits
+    wait = (20 + reserved) * 0.6
+    assert wait - 2 <= int(r.headers["retry-after"]) <= wait + 1
     assert r.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert len(seen.requests) == 2
 
 
 class Lines(logging.Handler):
@@ -278,8 +296,8 @@ def test_rpm_is_shared_by_two_gateway_processes_through_one_redis(tmp_path, seen
             codes.append(r.status_code)
     assert codes == [200, 200, 200, 429, 429, 429]
     assert len(seen.requests) == 3
-    # one bucket in Redis, named by a digest prefix (never the key)
-    bucket = "gateway:ratelimit:v1:{" + digest(KEY_LIMITED)[:32] + "}:r"
+    # one bucket in Redis, named by the tenant (its hash tag) and a digest prefix (never the key)
+    bucket = "gateway:ratelimit:v2:{limited}:" + digest(KEY_LIMITED)[:32] + ":r"
     assert redis.command(b"EXISTS " + bucket.encode()).startswith(b":1")
     assert redis.command(b"DBSIZE").startswith(b":1")
 

@@ -1,7 +1,8 @@
-"""The auth hop: who is calling, what they may call, and whether they have budget (SPEC §12).
+"""The auth hop: who is calling, what they may call, and whether they have budget
+(docs/spec.md §12, §20).
 
 ``auth.mode = "off"``: nobody is refused and there is no tenant; the hop still runs and is timed
-so every trace has the same chain (SPEC §6).
+so every trace has the same chain (docs/spec.md §6).
 
 ``auth.mode = "keys"``: the client's key (``Authorization: Bearer``, ``api-key`` or ``x-api-key``,
 read by the edge, never forwarded or logged) is hashed with sha256 and looked up among the
@@ -15,11 +16,26 @@ Then, per key entry:
   ``model_not_allowed`` (checked by the router through ``ctx.permits``);
 - ``rpm`` / ``tpm`` (:mod:`gateway.hops.limits`) over → 429 ``rate_limit_exceeded`` with
   ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, which also go out on every answer to a
-  limited key. Tokens are debited when the request ends, from the usage the upstream reported
-  (a cache hit costs no upstream tokens and is not debited).
+  limited key;
+- a budget (the key's ``budget_usd``, its tenant's ``[[auth.tenants]]``) that this request's
+  worst case would pass → 429 ``insufficient_quota`` / ``budget_exceeded`` with what was spent,
+  the budget and its reset; answers to a key with a budget carry
+  ``x-gateway-budget-remaining-usd`` (the tighter of key and tenant, before this request).
 
-The tenant names the cache scope (SPEC §10), the ``gateway.tenant`` span attribute, the access
-log's ``tenant`` and the live view's records.
+A model call's tokens and cost are known only from its body, so for a key with ``tpm`` or a
+budget its limits are checked by :meth:`Auth.admit` once the router parsed the body: budgets,
+tokens and requests in one step (one Redis script), reserving the request's worst case
+(:func:`gateway.spend.estimate`). The end of the request (:meth:`Auth.finished`) replaces the
+reservation with the usage the upstream reported and its cost; a cache hit costs nothing; an
+answer that completed without reporting usage (a chat stream without
+``stream_options.include_usage``) keeps its reservation as its cost. A key with a budget may
+not call a model without a price (403 ``model_not_priced``: it could spend unmetered), and may
+not use the passthrough paths (``/v1/*`` that are no model call: nothing meters them) unless it
+is an admin key — 403 ``budget_passthrough``; reading or cancelling a stored response
+(docs/spec.md §22) spends nothing and stays open.
+
+The tenant names the cache scope (docs/spec.md §10), the ``gateway.tenant`` span attribute, the
+access log's ``tenant``, the cost metric and the live view's records.
 """
 
 from __future__ import annotations
@@ -28,18 +44,53 @@ import asyncio
 import fnmatch
 import hashlib
 import hmac
+import logging
 import math
 import os
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
-from gateway.config import AuthConfig, AuthKeyConfig, Config
-from gateway.context import RequestContext
-from gateway.errors import RateLimited, Unauthorized
-from gateway.hops.limits import Limits, MemoryLimits, RedisLimits, Verdict, reset_text
+from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
+from gateway.context import Call, RequestContext
+from gateway.errors import Forbidden, RateLimited, Unauthorized
+from gateway.hops.limits import (
+    Allowance,
+    Budget,
+    Limits,
+    MemoryLimits,
+    RedisLimits,
+    Spent,
+    Verdict,
+    reset_text,
+    spend_key,
+)
+from gateway.hops.ownership import response_path_id
 from gateway.memo import remember
+from gateway.protocols import BY_PATH
+from gateway.spend import PERIOD_TEXT, Prices, cost, estimate, nano, usd_text
+
+log = logging.getLogger("gateway.auth")
 
 _PERMIT_CACHE_MAX = 1024
+REMAINING_HEADER = b"x-gateway-budget-remaining-usd"
+#: stored-response paths (docs/spec.md §22) a key with a budget may use: they spend nothing
+_STORED_RESPONSE_OPS = frozenset({("GET", ""), ("DELETE", ""), ("POST", "cancel")})
+_STORED_RESPONSE_OPS |= {("GET", "input_items")}
+
+
+def _tag(tenant: str) -> str:
+    """The tenant as a Redis hash tag (every key of a tenant, and its budget, in one slot)."""
+    return tenant.replace("{", "(").replace("}", ")")
+
+
+def tenant_budget(t: TenantConfig) -> Budget | None:
+    if t.budget_usd is None:
+        return None
+    return Budget(
+        spend_key(_tag(t.name), "tenant"), f"tenant {t.name!r}", t.budget_usd, t.budget_period
+    )
 
 
 class KeyEntry:
@@ -48,9 +99,12 @@ class KeyEntry:
     __slots__ = (
         "_allowed",
         "admin",
+        "allowance",
+        "budgeted",
         "digest",
         "globs",
         "limit_id",
+        "metered",
         "rpm",
         "rpm_text",
         "tenant",
@@ -58,7 +112,7 @@ class KeyEntry:
         "tpm_text",
     )
 
-    def __init__(self, cfg: AuthKeyConfig) -> None:
+    def __init__(self, cfg: AuthKeyConfig, of_tenant: Budget | None = None) -> None:
         self.digest = bytes.fromhex(cfg.sha256)
         self.tenant = cfg.tenant
         self.globs = cfg.models
@@ -70,6 +124,20 @@ class KeyEntry:
         self.admin = cfg.admin
         #: the limiter's name for this key: a prefix of its digest (never the key)
         self.limit_id = cfg.sha256[:32].lower()
+        own = None
+        if cfg.budget_usd is not None:
+            label = f"key {cfg.tenant}/{self.limit_id[:12]}"
+            owner = "key:" + self.limit_id
+            own = Budget(
+                spend_key(_tag(cfg.tenant), owner), label, cfg.budget_usd, cfg.budget_period
+            )
+        self.allowance = Allowance(
+            self.limit_id, _tag(cfg.tenant), self.rpm, self.tpm, own, of_tenant
+        )
+        #: a budget of its own or of its tenant
+        self.budgeted = own is not None or of_tenant is not None
+        #: its model calls reserve before going upstream (tokens, cost): checked by admit()
+        self.metered = self.budgeted or self.tpm is not None
         self._allowed: dict[str, bool] = {}
 
     def permits(self, model: str) -> bool:
@@ -81,20 +149,34 @@ class KeyEntry:
 
     @property
     def limited(self) -> bool:
-        return self.rpm is not None or self.tpm is not None
+        return self.rpm is not None or self.metered
 
 
 class Auth:
-    def __init__(self, cfg: AuthConfig | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        cfg: AuthConfig | None = None,
+        limits: Limits | None = None,
+        prices: Prices | None = None,
+    ) -> None:
         cfg = cfg or AuthConfig()
         self.mode = cfg.mode
+        #: ``[[prices]]``: named on every request's answer, which is priced at its end
+        self.prices = prices if prices is not None else Prices()
+        #: tenant -> its budget (``[[auth.tenants]]`` with ``budget_usd``)
+        self.tenant_budgets: dict[str, Budget] = {}
+        for t in cfg.tenants:
+            budget = tenant_budget(t)
+            if budget is not None:
+                self.tenant_budgets[t.name] = budget
         self._keys: dict[bytes, KeyEntry] = {}
         for k in cfg.keys:
-            entry = KeyEntry(k)
+            entry = KeyEntry(k, self.tenant_budgets.get(k.tenant))
             self._keys[entry.digest] = entry
         self.limits: Limits = limits if limits is not None else MemoryLimits()
-        #: background debits (Redis) still running; kept so they are not garbage-collected
+        #: background settlements (Redis) still running; kept so they are not garbage-collected
         self._pending: set[asyncio.Task[None]] = set()
+        self._unchecked = False
 
     @property
     def fallback(self) -> bool:
@@ -103,11 +185,16 @@ class Auth:
 
     @property
     def debits(self) -> bool:
-        """Whether any key has a token limit (the request end then debits its usage)."""
-        return any(k.tpm is not None for k in self._keys.values())
+        """Whether any key reserves (tpm, budgets): the request's end then settles its usage."""
+        return any(k.metered for k in self._keys.values())
 
-    async def check(self, ctx: RequestContext) -> None:
-        """Identify the caller (401), check its request budget (429): ``ctx.tenant``."""
+    async def check(self, ctx: RequestContext, passthrough: bool = False) -> None:
+        """Identify the caller (401) and check its limits (429): ``ctx.tenant``.
+
+        A model call of a key with ``tpm`` or a budget is checked by :meth:`admit` instead,
+        once its body is known. ``passthrough``: a path that is no model call (403 for a key
+        with a budget, unless admin)."""
+        ctx.answer.pricing = self.prices
         if self.mode == "off":
             ctx.timeline.auth_done = time.perf_counter()
             return
@@ -116,18 +203,65 @@ class Auth:
         ctx.admin = entry.admin
         ctx.permits = entry.permits
         ctx.limit_key = entry
-        if entry.limited:
-            limits = self.limits
-            if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
-                verdict = limits.check_now(entry.limit_id, entry.rpm, entry.tpm)
-            else:
-                verdict = await limits.check(entry.limit_id, entry.rpm, entry.tpm)
-            headers = _limit_headers(entry, verdict)
-            if not verdict.allowed:
-                ctx.timeline.auth_done = time.perf_counter()
-                raise _refusal(entry, verdict, headers)
-            ctx.response_headers.extend(headers)
-        ctx.timeline.auth_done = time.perf_counter()
+        try:
+            if passthrough and entry.budgeted and not entry.admin and not _stored_response(ctx):
+                raise Forbidden(
+                    "this API key has a budget, and only model calls are metered: other /v1 "
+                    "paths need an admin key (docs/spec.md §20)",
+                    code="budget_passthrough",
+                )
+            model_call = not passthrough and ctx.method == "POST" and ctx.path in BY_PATH
+            if entry.metered and model_call:
+                ctx.answer.reserved_shared = None  # admit() is due once the body is parsed
+            elif entry.limited:
+                await self._admit(ctx, entry, 0, 0)
+        finally:
+            ctx.timeline.auth_done = time.perf_counter()
+
+    async def admit(self, ctx: RequestContext, call: Call, upstream: bool) -> None:
+        """A model call's limits once its body is parsed: budgets, tpm and rpm in one step,
+        reserving its worst case (docs/spec.md §20). ``upstream``: it may go upstream (a cache
+        hit reserves nothing)."""
+        entry = ctx.limit_key
+        if not isinstance(entry, KeyEntry) or not entry.metered:
+            return
+        tokens = reserve = 0
+        if upstream:
+            api = BY_PATH[call.path]
+            limit = call.route.config.max_tokens_cap
+            most_in, most_out = estimate(
+                len(call.body), call.payload, api.operation, api.max_tokens_fields, limit
+            )
+            if entry.tpm is not None:  # more than the whole tpm waits for a full bucket
+                tokens = min(most_in + most_out, entry.tpm)
+            if entry.budgeted and (most_in or most_out):
+                price = self.prices.for_request(ctx)
+                if price is None:
+                    raise Forbidden(
+                        f"this API key has a budget and model {ctx.model!r} has no price: "
+                        "add a [[prices]] entry for it (docs/spec.md §20)",
+                        code="model_not_priced",
+                    )
+                reserve = price.reserve_nano(most_in, most_out)
+        verdict = await self._admit(ctx, entry, tokens, reserve)
+        answer = ctx.answer
+        answer.reserved_tokens = tokens
+        answer.reserved_nano = reserve
+        answer.reserved_shared = verdict.shared
+
+    async def _admit(
+        self, ctx: RequestContext, entry: KeyEntry, tokens: int, reserve: int
+    ) -> Verdict:
+        limits = self.limits
+        if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
+            verdict = limits.admit_now(entry.allowance, tokens, reserve)
+        else:
+            verdict = await limits.admit(entry.allowance, tokens, reserve)
+        headers = _limit_headers(entry, verdict)
+        if not verdict.allowed:
+            raise _refusal(entry, verdict, headers, tokens, reserve)
+        ctx.response_headers.extend(headers)
+        return verdict
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:
@@ -143,28 +277,107 @@ class Auth:
         return entry
 
     def finished(self, ctx: RequestContext, _edges: object = None) -> None:
-        """A telemetry sink: debit the tokens the upstream reported against the key's tpm."""
+        """A telemetry sink: replace the request's reservation with what it really used."""
         entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or entry.tpm is None or ctx.cache.result == "hit":
+        if not isinstance(entry, KeyEntry) or not entry.metered:
             return
-        answer = ctx.answer
-        tokens = (answer.input_tokens or 0) + (answer.output_tokens or 0)
-        if tokens <= 0:
+        if ctx.answer.reserved_shared is None and ctx.call is not None and not self._unchecked:
+            self._unchecked = True  # the request path never called admit(): say so, once
+            log.error(
+                "auth: a model call of a key with tpm or a budget went through without "
+                "Auth.admit (the pipeline must call it once the body is parsed): those limits "
+                "are debited but not enforced"
+            )
+        spent = used(ctx, entry.budgeted)
+        if not (spent.tokens or spent.cost or spent.reserved_tokens or spent.reserved_cost):
             return
         limits = self.limits
         if isinstance(limits, MemoryLimits):
-            limits.debit_now(entry.limit_id, tokens, entry.tpm)
+            limits.settle_now(entry.allowance, spent)
             return
-        task = asyncio.get_running_loop().create_task(
-            limits.debit(entry.limit_id, tokens, entry.tpm)
-        )
+        task = asyncio.get_running_loop().create_task(limits.settle(entry.allowance, spent))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def budget_ratios(self) -> dict[tuple[str, ...], float]:
+        """``gateway_budget_used_ratio{tenant}``: spent / budget this period, as last seen."""
+        return {
+            (name,): self.limits.view(b)[1] / b.limit for name, b in self.tenant_budgets.items()
+        }
+
+    async def spend(self) -> dict[str, Any]:
+        """``GET /_gateway/api/spend``: every budget, per tenant and per key (named by tenant and
+        a digest prefix, never the key), with its period, spent, reserved and reset."""
+        owners: list[tuple[str, str | None, Budget]] = [
+            (name, None, b) for name, b in self.tenant_budgets.items()
+        ]
+        for entry in self._keys.values():
+            own = entry.allowance.key_budget
+            if own is not None:
+                owners.append((entry.tenant, entry.limit_id[:12], own))
+        rows, shared = await self.limits.report([b for _, _, b in owners])
+        tenants, keys = [], []
+        for (tenant, key, b), (start, spent, reserved, reset) in zip(owners, rows, strict=True):
+            row = _spend_row(b, start, spent, reserved, reset)
+            if key is None:
+                tenants.append({"tenant": tenant, **row})
+            else:
+                keys.append({"tenant": tenant, "key": key, **row})
+        return {"shared": shared, "fallback": self.fallback, "tenants": tenants, "keys": keys}
 
     async def aclose(self) -> None:
         if self._pending:
             await asyncio.wait(self._pending, timeout=1.0)
         await self.limits.aclose()
+
+
+def used(ctx: RequestContext, priced: bool) -> Spent:
+    """What a finished request reserved and really used (docs/spec.md §20): nothing for a
+    cache hit; its usage and cost; its reservation when it completed without telling usage."""
+    answer = ctx.answer
+    spent = Spent(answer.reserved_tokens, 0, answer.reserved_nano, 0, bool(answer.reserved_shared))
+    if ctx.call is None or ctx.cache.result == "hit":
+        return spent
+    usage = answer.tokens
+    if usage.reported:
+        spent.tokens = usage.total
+        if priced:
+            usd = cost(ctx)
+            spent.cost = nano(usd) if usd else 0
+    elif (
+        ctx.attempts
+        and 200 <= answer.status < 300
+        and answer.error is None
+        and not ctx.disconnected
+    ):  # complete, but the upstream did not say what it used: the worst case it was given
+        spent.tokens = spent.reserved_tokens
+        spent.cost = spent.reserved_cost
+    return spent
+
+
+def _stored_response(ctx: RequestContext) -> bool:
+    """A stored response read, deleted or cancelled (docs/spec.md §22): nothing is spent."""
+    rid = response_path_id(ctx.path)
+    if rid is None:
+        return False
+    rest = ctx.path.split(rid, 1)[1].strip("/")
+    return (ctx.method, rest) in _STORED_RESPONSE_OPS
+
+
+def _iso(at: int) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _spend_row(b: Budget, start: int, spent: int, reserved: int, reset: int) -> dict[str, Any]:
+    return {
+        "period": b.period,
+        "period_start": _iso(start) if reset else None,
+        "resets_at": _iso(reset) if reset else None,
+        "budget_usd": b.usd,
+        "spent_usd": spent / 1e9,
+        "reserved_usd": reserved / 1e9,
+        "remaining_usd": max(b.limit - spent - reserved, 0) / 1e9,
+    }
 
 
 def _limit_headers(entry: KeyEntry, v: Verdict) -> list[tuple[bytes, bytes]]:
@@ -181,13 +394,21 @@ def _limit_headers(entry: KeyEntry, v: Verdict) -> list[tuple[bytes, bytes]]:
             (b"x-ratelimit-remaining-tokens", b"%d" % (v.remaining_tokens or 0)),
             (b"x-ratelimit-reset-tokens", reset_text(v.reset_tokens_s).encode()),
         )
+    if v.budget_left is not None:
+        headers.append((REMAINING_HEADER, b"%.6f" % (max(v.budget_left, 0) / 1e9)))
     return headers
 
 
-def _refusal(entry: KeyEntry, v: Verdict, headers: list[tuple[bytes, bytes]]) -> RateLimited:
+def _refusal(
+    entry: KeyEntry, v: Verdict, headers: list[tuple[bytes, bytes]], tokens: int, reserve: int
+) -> RateLimited:
     retry = max(1, math.ceil(v.retry_after_s))
+    if v.refused_by == "budget":
+        return _over_budget(v, headers, reserve)
     if v.refused_by == "tokens":
         what = f"tokens per minute (tpm {entry.tpm})"
+        if tokens:
+            what += f"; this request may use up to {tokens} tokens"
     else:
         what = f"requests per minute (rpm {entry.rpm})"
     return RateLimited(
@@ -197,12 +418,42 @@ def _refusal(entry: KeyEntry, v: Verdict, headers: list[tuple[bytes, bytes]]) ->
     )
 
 
+class BudgetExceeded(RateLimited):
+    """429 ``insufficient_quota`` (docs/spec.md §20): the request's worst case would pass a
+    budget."""
+
+    type = "insufficient_quota"
+
+
+def _over_budget(v: Verdict, headers: list[tuple[bytes, bytes]], reserve: int) -> BudgetExceeded:
+    b = v.budget
+    assert b is not None
+    message = f"{b.label} spent {usd_text(v.spent)} of {usd_text(b.limit)} {PERIOD_TEXT[b.code]}"
+    message += f"; resets {_iso(v.reset_at)}" if v.reset_at else "; it does not reset"
+    if reserve:
+        message += f" (this request may cost up to {usd_text(reserve)}"
+        if v.spent + reserve <= b.limit:
+            message += ", and requests in flight hold the rest"
+        message += ")"
+    extra = [(REMAINING_HEADER, b"%.6f" % (max(v.budget_left or 0, 0) / 1e9))]
+    if v.retry_after_s > 0:
+        extra.append((b"retry-after", str(math.ceil(v.retry_after_s)).encode()))
+    headers = [h for h in headers if h[0] != REMAINING_HEADER]
+    refused = BudgetExceeded(message, code="budget_exceeded", headers=[*extra, *headers])
+    refused.should_retry = b.code != 0  # "total" never resets
+    return refused
+
+
 def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth:
     """The hop for a config: limits in Redis when one is named (``auth.redis_url``, else the
     ``[cache]`` Redis), else per process."""
     cfg = config.auth
-    if cfg.mode == "off" or not any(k.rpm or k.tpm for k in cfg.keys):
-        return Auth(cfg)
+    prices = Prices(config.prices)
+    if cfg.mode == "off":
+        return Auth(cfg, prices=prices)
+    budgets = any(k.budget_usd for k in cfg.keys) or any(t.budget_usd for t in cfg.tenants)
+    if not budgets and not any(k.rpm or k.tpm for k in cfg.keys):
+        return Auth(cfg, prices=prices)
     env = os.environ if environ is None else environ
     url, password, cluster = cfg.redis_url, None, False
     if url is None and config.cache.backend == "redis":
@@ -210,8 +461,9 @@ def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth
         if config.cache.password_env:
             password = env.get(config.cache.password_env)
     if url is None:
-        return Auth(cfg)
-    return Auth(cfg, RedisLimits(url, cfg.timeout_ms, password=password, cluster=cluster))
+        return Auth(cfg, prices=prices)
+    limits = RedisLimits(url, cfg.timeout_ms, password=password, cluster=cluster)
+    return Auth(cfg, limits, prices)
 
 
-__all__ = ["Auth", "KeyEntry", "build_auth"]
+__all__ = ["Auth", "BudgetExceeded", "KeyEntry", "build_auth", "used"]

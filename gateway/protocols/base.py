@@ -124,6 +124,18 @@ def cap_tokens(
         notes[f"policy.{fields[0]}"] = f"unset->{cap}"
 
 
+def detail(usage: dict[str, Any], field: str, key: str) -> Any:
+    """``usage[field][key]`` when both are there (a usage object's ``*_details``), else None.
+
+    >>> detail({"x_details": {"cached_tokens": 8}}, "x_details", "cached_tokens")
+    8
+    >>> detail({"x_details": None}, "x_details", "cached_tokens") is None
+    True
+    """
+    details = usage.get(field)
+    return details.get(key) if isinstance(details, dict) else None
+
+
 def event_type(raw: bytes, obj: Any) -> str | None:
     """The type of a named SSE event: its JSON ``type`` (Responses and Messages events carry
     their name there), else its ``event:`` line.

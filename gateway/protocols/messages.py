@@ -165,17 +165,18 @@ def _note_message(answer: Answer, message: dict[str, Any]) -> None:
 
 
 def _note_usage(answer: Answer, usage: Any) -> None:
-    """Input = input + cache reads + cache writes (semconv, Anthropic); output as reported."""
+    """Input = input + cache reads + cache writes (semconv, Anthropic); output as reported.
+    The cache reads are the cached input, the cache writes its own kind (docs/spec.md §20)."""
     if not isinstance(usage, dict):
         return
     fresh = usage.get("input_tokens")
     if type(fresh) is int:
-        cached = 0
-        for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
-            v = usage.get(key)
-            if type(v) is int:
-                cached += v
-        answer.usage(fresh + cached, None)
+        read = usage.get("cache_read_input_tokens")
+        written = usage.get("cache_creation_input_tokens")
+        read = read if type(read) is int else 0
+        written = written if type(written) is int else 0
+        answer.usage(fresh + read + written, None)
+        answer.tokens.parts(read, written, None)
     answer.usage(None, usage.get("output_tokens"))
 
 

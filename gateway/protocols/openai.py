@@ -9,7 +9,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest
-from gateway.protocols.base import Api, carries_cache_control
+from gateway.protocols.base import Api, carries_cache_control, detail
 
 #: JSON answers bigger than this are embeddings: only their trailing usage object is parsed
 _SMALL_BODY = 64 * 1024
@@ -23,7 +23,7 @@ def note_choices(answer: Answer, obj: dict[str, Any]) -> bool:
         answer.response_model = obj["model"]
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        answer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        note_usage(answer, usage)
     choices = obj.get("choices")
     if not isinstance(choices, list):
         return False
@@ -32,6 +32,18 @@ def note_choices(answer: Answer, obj: dict[str, Any]) -> bool:
         if isinstance(choice, dict) and _note_choice(answer, choice):
             content = True
     return content
+
+
+def note_usage(answer: Answer, usage: dict[str, Any]) -> None:
+    """Chat / completions / embeddings usage (docs/spec.md §20): ``prompt_tokens`` (cached ones
+    included), ``prompt_tokens_details.cached_tokens``, ``completion_tokens`` (reasoning
+    included), ``completion_tokens_details.reasoning_tokens``."""
+    answer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    answer.tokens.parts(
+        detail(usage, "prompt_tokens_details", "cached_tokens"),
+        None,
+        detail(usage, "completion_tokens_details", "reasoning_tokens"),
+    )
 
 
 def _note_choice(answer: Answer, choice: dict[str, Any]) -> bool:
@@ -78,7 +90,7 @@ class _OpenAIApi(Api):
             except orjson.JSONDecodeError:
                 return
             if isinstance(usage, dict):
-                answer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+                note_usage(answer, usage)
 
 
 class ChatCompletions(_OpenAIApi):

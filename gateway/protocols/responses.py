@@ -20,7 +20,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest, UpstreamStreamError
-from gateway.protocols.base import Api, carries_cache_control, event_type, window_items
+from gateway.protocols.base import Api, carries_cache_control, detail, event_type, window_items
 
 #: the events a complete stream ends with
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -138,8 +138,13 @@ def _note_response(answer: Answer, response: dict[str, Any]) -> None:
     if answer.response_model is None and isinstance(response.get("model"), str):
         answer.response_model = response["model"]
     usage = response.get("usage")
-    if isinstance(usage, dict):
+    if isinstance(usage, dict):  # docs/spec.md §20: cached input and reasoning in *_details
         answer.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+        answer.tokens.parts(
+            detail(usage, "input_tokens_details", "cached_tokens"),
+            None,
+            detail(usage, "output_tokens_details", "reasoning_tokens"),
+        )
     status = response.get("status")
     if status in ("completed", "incomplete", "failed", "cancelled"):
         reason = status

@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 
 from gateway.config import LoggingConfig
-from gateway.context import RequestContext
+from gateway.context import RequestContext, Usage
+from gateway.spend import cost
 
 ACCESS_LOGGER = "gateway.access"
 
@@ -114,6 +115,17 @@ class AccessLog:
             self.logger.info(orjson.dumps(line(ctx)).decode())
 
 
+def _tokens(usage: Usage) -> dict[str, int | None]:
+    out: dict[str, int | None] = {"input": usage.input, "output": usage.output}
+    if usage.cached_input:
+        out["cached_input"] = usage.cached_input
+    if usage.cache_write:
+        out["cache_write"] = usage.cache_write
+    if usage.reasoning:
+        out["reasoning"] = usage.reasoning
+    return out
+
+
 def line(ctx: RequestContext) -> dict[str, Any]:
     trace = ctx.trace
     answer = ctx.answer
@@ -144,7 +156,8 @@ def line(ctx: RequestContext) -> dict[str, Any]:
         "overhead_ms": round(max(0.0, request_s - upstream_s - backoff_s) * 1000, 3),
         "ttft_ms": round(ttft * 1000, 3) if ttft is not None else None,
         "backoff_ms": round(backoff_s * 1000, 3),
-        "tokens": {"input": answer.input_tokens, "output": answer.output_tokens},
+        "tokens": _tokens(answer.tokens),
+        "cost_usd": cost(ctx),  # docs/spec.md §20 (null: not a model call, or no price)
     }
     kind = answer.error_type()
     if kind is not None:

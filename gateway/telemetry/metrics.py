@@ -44,6 +44,7 @@ from prometheus_client.core import (
 from prometheus_client.samples import Exemplar
 
 from gateway.context import RequestContext
+from gateway.spend import cost
 from gateway.telemetry.spans import EdgeHop
 
 log = logging.getLogger("gateway.metrics")
@@ -103,6 +104,24 @@ class Histogram:
             self.exemplars.setdefault(labels, {})[i] = (trace_id, value, time.time())
 
 
+class SpendMetrics:
+    """docs/spec.md §20: what the upstreams' usage cost, and the answers nobody priced."""
+
+    __slots__ = ("cost", "unpriced")
+
+    def __init__(self) -> None:
+        self.cost = Counter(
+            "gateway_cost_usd", "USD the upstreams' usage cost", ("route", "model", "tenant")
+        )
+        self.unpriced = Counter(
+            "gateway_unpriced_requests", "Upstream answers of models without a price", ("model",)
+        )
+
+    @property
+    def counters(self) -> tuple[Counter, ...]:
+        return self.cost, self.unpriced
+
+
 class Metrics:
     """The SPEC §11 metrics of one process; a :data:`gateway.telemetry.Sink` at request end."""
 
@@ -149,8 +168,8 @@ class Metrics:
             "gateway_errors", "Answers that were errors", ("status_code", "error_type")
         )
         self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
-        self.counters: tuple[Counter, ...] = (self.requests, self.tokens)
-        self.counters = (*self.counters, self.errors, self.cache)
+        self.spend = SpendMetrics()
+        self.counters = (self.requests, self.tokens, self.errors, self.cache, *self.spend.counters)
         self.histograms: tuple[Histogram, ...] = (
             self.request_duration,
             self.upstream_duration,
@@ -200,10 +219,7 @@ class Metrics:
         if t.first_content is not None:
             self.ttft.observe((model,), t.first_content - t.received, trace_id)
         self._hops(ctx, edges, upstream_s)
-        if answer.input_tokens:
-            self.tokens.inc((model, "input"), answer.input_tokens)
-        if answer.output_tokens:
-            self.tokens.inc((model, "output"), answer.output_tokens)
+        self._spend(ctx, route, model)
         kind = answer.error_type()
         if kind is not None:
             self.errors.inc((status, kind))
@@ -212,6 +228,28 @@ class Metrics:
             self.cache.inc((outcome.result,))
         if outcome.error:
             self.cache.inc(("error",))
+
+    def _spend(self, ctx: RequestContext, route: str, model: str) -> None:
+        """Tokens by kind and the cost, from the one usage record (docs/spec.md §20)."""
+        usage = ctx.answer.tokens
+        tokens = self.tokens
+        if usage.input:
+            tokens.inc((model, "input"), usage.input)
+        if usage.output:
+            tokens.inc((model, "output"), usage.output)
+        if usage.cached_input:
+            tokens.inc((model, "cached_input"), usage.cached_input)
+        if usage.cache_write:
+            tokens.inc((model, "cache_write"), usage.cache_write)
+        if usage.reasoning:
+            tokens.inc((model, "reasoning"), usage.reasoning)
+        if ctx.call is None:  # not a model call: nothing to price
+            return
+        usd = cost(ctx)
+        if usd is not None:
+            self.spend.cost.inc((route, model, ctx.tenant or "-"), usd)
+        elif ctx.attempts:  # an upstream answered a model nobody priced
+            self.spend.unpriced.inc((model,))
 
     def _hops(self, ctx: RequestContext, edges: list[EdgeHop], upstream_s: float) -> None:
         hops = self.hops
@@ -297,6 +335,11 @@ GAUGES: dict[str, tuple[str, Labels, Callable[[list[float]], float]]] = {
     "gateway_ratelimit_fallback": (
         "1 while rate limits count per process because Redis is unreachable",
         (),
+        max,
+    ),
+    "gateway_budget_used_ratio": (
+        "Spent / budget of each tenant with a budget, this period (docs/spec.md §20)",
+        ("tenant",),
         max,
     ),
 }

@@ -16,6 +16,7 @@ import orjson
 
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.memo import remember
+from gateway.spend import cost
 from gateway.telemetry import otlp
 
 EdgeHop = tuple[str, int, float, float]  # (hop name, hop.index, start, end) epoch seconds
@@ -412,6 +413,9 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
         attrs.append(_s("gen_ai.usage.input_tokens", answer.input_tokens))
     if answer.output_tokens is not None:
         attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
+    usd = cost(ctx)  # docs/spec.md §20: from the same usage record
+    if usd is not None:
+        attrs.append(_f("gateway.cost_usd", usd))
     if ctx.edge_marks:
         attrs.append(_a("gateway.edge.discarded", [f"{k}:{v}" for k, v in ctx.edge_marks.items()]))
     return attrs
