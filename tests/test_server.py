@@ -9,8 +9,7 @@ import contextlib
 import logging
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -20,6 +19,7 @@ from gateway.server import STARTUP_FAILURE, Awaiting, GuardedHttpToolsProtocol, 
 from gateway.server import serve as serve_in_process
 from tests.gateway_process import chat_request, read_answer
 from tests.support import GatewayServer, gateway_cli, gateway_config
+from tests.transports.test_h1_impl import until
 
 MOCK = """
 [[backends]]
@@ -53,8 +53,9 @@ def port_in_use(host: str, listening: bool) -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def serve_process(tmp_path: Path, host: str, port: int, body: str, workers: int = 1) -> str:
-    """``gateway serve`` as its own process, expected to end by itself; returns its stderr."""
+def serve_process(tmp_path: Path, host: str, port: int, body: str, workers: int = 1) -> list[str]:
+    """``gateway serve`` as its own process, expected to end by itself; returns the lines it
+    wrote (a line the JSON log format wrote: its message)."""
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'[server]\nhost = "{host}"\nport = {port}\nworkers = {workers}\n'
@@ -64,25 +65,33 @@ def serve_process(tmp_path: Path, host: str, port: int, body: str, workers: int 
         gateway_cli("serve", "-c", str(config)), capture_output=True, text=True, timeout=60
     )
     assert out.returncode == STARTUP_FAILURE, out
-    assert out.stdout == "", out  # nothing else was started, nothing else is said
-    assert "serving on" not in out.stderr
-    return out.stderr
+    # with logging unconfigured the lines are plain text on stderr; stdout only ever gets JSON
+    assert all(line.startswith("{") for line in out.stdout.splitlines() if line.strip()), out
+    lines = [line for line in (out.stderr + out.stdout).splitlines() if line.strip()]
+    said = [str(_message(line)) for line in lines]
+    assert not any("serving on" in line for line in said), said
+    return said
+
+
+def _message(line: str) -> object:
+    if not line.startswith("{"):
+        return line
+    record = orjson.loads(line)
+    return record.get("message", record.get("msg", line))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_port_in_use_is_one_line_naming_the_address_and_a_failed_exit(tmp_path, workers):
     with port_in_use("127.0.0.1", listening=True) as port:
-        stderr = serve_process(tmp_path, "127.0.0.1", port, MOCK, workers)
-    assert stderr.splitlines() == [
-        f"gateway: cannot listen on 127.0.0.1:{port}: address already in use"
-    ]
+        said = serve_process(tmp_path, "127.0.0.1", port, MOCK, workers)
+    assert said == [f"gateway: cannot listen on 127.0.0.1:{port}: address already in use"]
 
 
 def test_beyond_loopback_without_client_keys_a_backend_key_is_a_warning(tmp_path):
     # the port is taken (bound, never listening): the warning comes first, nothing is exposed
     with port_in_use("0.0.0.0", listening=False) as port:
-        stderr = serve_process(tmp_path, "0.0.0.0", port, KEYED)
-    warning, refused = stderr.splitlines()
+        said = serve_process(tmp_path, "0.0.0.0", port, KEYED)
+    warning, refused = said
     assert warning.startswith('gateway: warning: listening on 0.0.0.0 with [auth] mode = "off"')
     assert "backend paid sends its own key" in warning and '[auth] mode = "keys"' in warning
     assert refused == f"gateway: cannot listen on 0.0.0.0:{port}: address already in use"
@@ -136,13 +145,6 @@ def connection_of(gw: GatewayServer, port: int) -> GuardedHttpToolsProtocol:
         if isinstance(proto, GuardedHttpToolsProtocol) and proto.client == ("127.0.0.1", port):
             return proto
     raise AssertionError(f"no connection from port {port}")
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not check():
-        assert time.monotonic() < deadline, f"not within 5 s: {what}"
-        await asyncio.sleep(0.01)
 
 
 def test_the_guards_follow_what_the_client_owes(gateway):
