@@ -38,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--tokens-per-s", type=float, default=0.0)
     m.add_argument("--output-tokens", type=int, default=None, help="answer length [12]")
     m.add_argument("--latency-ms", type=float, default=0.0)
+    m.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run at most N requests at once, queue the rest, report both at /metrics "
+        "in vLLM's names (docs/spec.md §21) [unbounded]",
+    )
 
     h = sub.add_parser("hash-key", help="print the sha256 hex digest of an API key for [auth]")
     h.add_argument("key")
@@ -166,6 +174,17 @@ def _mock_upstream(args: argparse.Namespace) -> int:
     )
     if args.output_tokens is not None:  # validated like the header and URL knobs
         settings = settings.with_overrides({"output_tokens": str(args.output_tokens)})
+    if args.capacity is not None:  # a small model server: a bounded batch and a queue
+        from dataclasses import replace
+
+        from gateway.mock.capacity import Capacity, parse_capacity
+
+        try:
+            limit = parse_capacity(str(args.capacity))
+        except ValueError as exc:
+            print(f"mock-upstream: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        settings = replace(settings, capacity=Capacity(limit))
     print(f"mock-upstream: http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(
         create_mock_app(settings),

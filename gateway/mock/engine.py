@@ -19,6 +19,11 @@ headers (a bad value is a 400 in the endpoint's error shape):
 - ``tokens_per_s``: pace of the following tokens (0 = as fast as possible);
 - ``output_tokens``: the length of an answer the request does not limit [12].
 
+``capacity`` (``mock://?capacity=N``, ``--capacity N``; not per request) makes the mock a small
+model server: at most N model calls run at once, the others wait in a queue, and ``/metrics``
+reports them in vLLM's names (gateway/mock/capacity.py). Its answers' headers go out at once,
+their bodies once the queue and the answer's own time are over.
+
 A JSON answer takes what its stream would have: latency + ttft + tokens / tokens_per_s.
 A stream sends its opening events with the headers, the first token after ``ttft_ms``, then one
 event per token, then its closing events at once.
@@ -88,6 +93,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
+from gateway.mock.capacity import Capacity, in_process
 from gateway.mock.schema import fake, pieces
 from gateway.mock.tools import Turn, chat_turn, messages_turn, responses_turn
 
@@ -137,11 +143,17 @@ class MockSettings:
     tokens_per_s: float = 0.0
     #: the length of an answer the request does not limit
     output_tokens: int = DEFAULT_COMPLETION_TOKENS
+    #: a model server's bounded batch and queue (None: every request runs at once)
+    capacity: Capacity | None = None
 
     @classmethod
     def from_url(cls, url: str) -> MockSettings:
-        """``mock://?ttft_ms=50&tokens_per_s=100`` → settings (unknown knobs are errors)."""
-        return cls().with_overrides(dict(parse_qsl(urlsplit(url).query)))
+        """``mock://?ttft_ms=50&tokens_per_s=100`` → settings (unknown knobs are errors);
+        ``capacity=N`` names an in-process server with N slots (gateway/mock/capacity.py)."""
+        values = dict(parse_qsl(urlsplit(url).query))
+        if values.pop("capacity", None) is None:
+            return cls().with_overrides(values)
+        return cls(capacity=in_process(url)).with_overrides(values)
 
     def with_overrides(self, values: Mapping[str, str]) -> MockSettings:
         changes: dict[str, Any] = {}
@@ -265,7 +277,17 @@ def reply(method: str, path: str, body: bytes, settings: MockSettings | None = N
         if anthropic:
             return _anthropic_error(status, f"mock backend answered {status} as asked")
         return _error(status, f"mock backend answered {status} as asked", "mock_error")
-    return handler(payload, model, settings)
+    return _served(handler(payload, model, settings), settings.capacity, path)
+
+
+def _served(r: MockReply, capacity: Capacity | None, path: str) -> MockReply:
+    """With a capacity, a model server's answer: queued for a slot, generated in it (headers
+    first, the body once generated: the wait is the queue's, then the answer's own time).
+    Errors and token counts take no slot."""
+    if capacity is None or r.status != 200 or path == "/messages/count_tokens":
+        return r
+    events = capacity.admitted(r.body, r.events, r.delay_s)
+    return MockReply(r.status, r.content_type, events=events)
 
 
 def _cut_after(model: str) -> int | None:

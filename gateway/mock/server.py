@@ -3,6 +3,8 @@
 Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``,
 ``/v1/responses`` (OpenAI Responses API) and ``/v1/messages``, ``/v1/messages/count_tokens``
 (Anthropic Messages API: point the Anthropic SDK's ``base_url`` at the root, without ``/v1``).
+With ``--capacity N`` it is a small model server (a bounded batch, a real queue) whose load
+``GET /metrics`` reports in vLLM's names (docs/spec.md §21).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from starlette.routing import Route, WebSocketRoute
 
 from gateway.mock.engine import MockSettings, bad_request, reply
 from gateway.mock.realtime import websocket_endpoint
+
+#: what vLLM's /metrics answers (prometheus-client's CONTENT_TYPE_LATEST)
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def create_mock_app(settings: MockSettings | None = None) -> Starlette:
@@ -37,10 +42,19 @@ def create_mock_app(settings: MockSettings | None = None) -> Starlette:
             )
         return Response(r.body, status_code=r.status, media_type=r.content_type)
 
+    async def metrics(_request: Request) -> Response:
+        # a model server's load, in vLLM's names (docs/spec.md §21): gateway/mock/capacity.py
+        if base.capacity is None:
+            return Response(
+                b"the mock has no capacity: start it with --capacity N\n", status_code=404
+            )
+        return Response(base.capacity.metrics(), media_type=METRICS_TYPE)
+
     return Starlette(
         routes=[
             # the Realtime API over WebSocket (docs/spec.md §19): gateway/mock/realtime.py
             WebSocketRoute("/v1/realtime", websocket_endpoint(base)),
             Route("/v1/{path:path}", handle, methods=["GET", "POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
     )
