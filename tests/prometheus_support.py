@@ -57,6 +57,10 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_inflight_requests": ("gauge", frozenset({"route"})),
     "gateway_backend_up": ("gauge", frozenset({"backend"})),
     "gateway_ratelimit_fallback": ("gauge", frozenset()),
+    # realtime sessions (docs/spec.md §19)
+    "gateway_realtime_sessions": ("gauge", frozenset()),
+    "gateway_realtime_sessions_total": ("counter", frozenset({"close_code"})),
+    "gateway_realtime_message_overhead_seconds": ("histogram", frozenset({"direction"})),
 }
 #: a crude PromQL reading: anything that looks like one of our metric names
 METRIC_NAME = re.compile(r"\bgateway_[a-z_]+")

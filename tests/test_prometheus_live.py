@@ -14,6 +14,7 @@ collector received.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import urllib.error
@@ -131,6 +132,28 @@ def _round(client: openai.OpenAI, gw: GatewayServer, n: int) -> None:
         urllib.request.urlopen(req, timeout=5)
     assert bad.value.code == 400
     bad.value.close()  # an HTTPError holds the response's socket
+    # a realtime session (docs/spec.md §19): sessions, close codes, per-frame overhead
+    asyncio.run(asyncio.wait_for(_realtime_turn(gw.base_url, n), 20))
+
+
+async def _realtime_turn(base_url: str, n: int) -> None:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-client-key")
+    try:
+        async with client.realtime.connect(model="mock-gpt-4o") as conn:
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": f"realtime round {n}"}],
+                }
+            )
+            await conn.response.create()
+            async for event in conn:
+                if event.type == "response.done":
+                    break
+    finally:
+        await client.close()
 
 
 @pytest.fixture(scope="module")
