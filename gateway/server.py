@@ -37,7 +37,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -443,19 +442,9 @@ def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> Gate
     return GatewayUvicornConfig(app, ClientLimits.of(config), **options)
 
 
-#: the gateway's own lines (``serving on``, a port in use, the startup warnings); a configured
-#: formatter (``[logging] format``) formats them like every other line
+#: the gateway's own lines (``serving on``, a port in use, the startup warnings), written in
+#: ``[logging] format`` to stderr by the log config ``serve`` hands uvicorn
 log = logging.getLogger("gateway")
-
-
-def say(level: int, message: str) -> None:
-    """One of ``gateway serve``'s own lines, through :data:`log`. While logging has no handler
-    for it at all, the line goes to stderr as it is (logging's last resort would drop an info
-    line and prefix nothing)."""
-    if log.hasHandlers():
-        log.log(level, message)
-    else:
-        print(message, file=sys.stderr, flush=True)
 
 
 def live_view_line(config: Config, address: str) -> str:
@@ -538,17 +527,17 @@ def serve(config: Config) -> int:
     uv.freeze_gc = True
     warning = exposure_warning(config)
     if warning is not None:
-        say(logging.WARNING, warning)
+        log.warning(warning)
     address = _address(server.host, server.port)
     try:
         sock = bind(server.host, server.port)
     except OSError as exc:
         reason = (exc.strerror or str(exc)).lower()
-        say(logging.ERROR, f"gateway: cannot listen on {address}: {reason}")
+        log.error(f"gateway: cannot listen on {address}: {reason}")
         return STARTUP_FAILURE
     with sock:
-        say(logging.INFO, f"gateway: serving on http://{address} (config: {config.source})")
-        say(logging.INFO, live_view_line(config, address))
+        log.info(f"gateway: serving on http://{address} (config: {config.source})")
+        log.info(live_view_line(config, address))
         if workers:
             return _serve_workers(uv, sock)
         gateway_server = GatewayServer(uv)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ import orjson
 import pytest
 
 from gateway.server import STARTUP_FAILURE, Awaiting, GuardedHttpToolsProtocol, exposure_warning
-from gateway.server import serve as serve_in_process
 from tests.gateway_process import chat_request, read_answer
 from tests.support import GatewayServer, gateway_cli, gateway_config
 from tests.transports.test_h1_impl import until
@@ -53,61 +51,58 @@ def port_in_use(host: str, listening: bool) -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def serve_process(tmp_path: Path, host: str, port: int, body: str, workers: int = 1) -> list[str]:
+def serve_process(
+    tmp_path: Path, host: str, port: int, body: str, workers: int = 1, fmt: str = "json"
+) -> list[str]:
     """``gateway serve`` as its own process, expected to end by itself; returns the lines it
-    wrote (a line the JSON log format wrote: its message)."""
+    wrote to stderr (nothing goes to stdout: no request was served)."""
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'[server]\nhost = "{host}"\nport = {port}\nworkers = {workers}\n'
-        f'[logging]\nlevel = "info"\n{body}'
+        f'[logging]\nlevel = "info"\nformat = "{fmt}"\n{body}'
     )
     out = subprocess.run(
         gateway_cli("serve", "-c", str(config)), capture_output=True, text=True, timeout=60
     )
     assert out.returncode == STARTUP_FAILURE, out
-    # with logging unconfigured the lines are plain text on stderr; stdout only ever gets JSON
-    assert all(line.startswith("{") for line in out.stdout.splitlines() if line.strip()), out
-    lines = [line for line in (out.stderr + out.stdout).splitlines() if line.strip()]
-    said = [str(_message(line)) for line in lines]
-    assert not any("serving on" in line for line in said), said
-    return said
+    assert out.stdout == "", out
+    assert "serving on" not in out.stderr
+    return out.stderr.splitlines()
 
 
-def _message(line: str) -> object:
-    if not line.startswith("{"):
-        return line
-    record = orjson.loads(line)
-    return record.get("message", record.get("msg", line))
+def gateway_lines(lines: list[str]) -> list[tuple[str, str]]:
+    """(level, message) of JSON log lines, each from the ``gateway`` logger."""
+    records = [orjson.loads(line) for line in lines]
+    assert {r["logger"] for r in records} == {"gateway"}, records
+    return [(r["level"], r["msg"]) for r in records]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_port_in_use_is_one_line_naming_the_address_and_a_failed_exit(tmp_path, workers):
     with port_in_use("127.0.0.1", listening=True) as port:
-        said = serve_process(tmp_path, "127.0.0.1", port, MOCK, workers)
-    assert said == [f"gateway: cannot listen on 127.0.0.1:{port}: address already in use"]
+        lines = serve_process(tmp_path, "127.0.0.1", port, MOCK, workers)
+    assert gateway_lines(lines) == [
+        ("error", f"gateway: cannot listen on 127.0.0.1:{port}: address already in use")
+    ]
+
+
+def test_a_port_in_use_in_text_format(tmp_path):
+    with port_in_use("127.0.0.1", listening=True) as port:
+        (line,) = serve_process(tmp_path, "127.0.0.1", port, MOCK, fmt="text")
+    assert line.endswith(
+        f" ERROR gateway: gateway: cannot listen on 127.0.0.1:{port}: address already in use"
+    )
 
 
 def test_beyond_loopback_without_client_keys_a_backend_key_is_a_warning(tmp_path):
     # the port is taken (bound, never listening): the warning comes first, nothing is exposed
     with port_in_use("0.0.0.0", listening=False) as port:
-        said = serve_process(tmp_path, "0.0.0.0", port, KEYED)
-    warning, refused = said
+        lines = serve_process(tmp_path, "0.0.0.0", port, KEYED)
+    (level, warning), refused = gateway_lines(lines)
+    assert level == "warning"
     assert warning.startswith('gateway: warning: listening on 0.0.0.0 with [auth] mode = "off"')
     assert "backend paid sends its own key" in warning and '[auth] mode = "keys"' in warning
-    assert refused == f"gateway: cannot listen on 0.0.0.0:{port}: address already in use"
-
-
-def test_the_lines_go_through_the_gateway_logger(caplog):
-    caplog.set_level(logging.INFO, logger="gateway")
-    with port_in_use("0.0.0.0", listening=False) as port:
-        config = gateway_config(KEYED + f'[server]\nhost = "0.0.0.0"\nport = {port}\n')
-        assert serve_in_process(config) == STARTUP_FAILURE
-    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
-    assert [(name, level) for name, level, _ in lines] == [
-        ("gateway", logging.WARNING),
-        ("gateway", logging.ERROR),
-    ]
-    assert lines[1][2] == f"gateway: cannot listen on 0.0.0.0:{port}: address already in use"
+    assert refused == ("error", f"gateway: cannot listen on 0.0.0.0:{port}: address already in use")
 
 
 KEYS = '[auth]\nmode = "keys"\n[[auth.keys]]\ntenant = "t"\nsha256 = "' + "0" * 64 + '"\n'
