@@ -573,3 +573,31 @@ def test_sdk_closing_a_stream_early_closes_the_upstream_connection(gateway, upst
     assert state.closed_at is not None
     assert state.closed_at - closed_by_client < 1.0, state.closed_at - closed_by_client
     assert not state.finished
+
+
+# ---------------------------------------------------------------- line endings
+
+
+@pytest.mark.parametrize("eol", [b"\r", b"\r\n"], ids=["CR", "CRLF"])
+def test_a_complete_stream_with_other_line_endings_is_not_cut(gateway, upstream, eol):
+    """The event-stream format allows CR, LF and CRLF line ends: a complete stream whose lines
+    end with CR only (its last CR arrives with the last read) is relayed whole, [DONE] included
+    — it was cut as 'ended in the middle of an event'."""
+    events = [*FIRST, b"data: [DONE]\n\n"]
+
+    async def handler(req: SeenRequest, writer: Any) -> bool:
+        body = b"".join(e.replace(b"\n", eol) for e in events)
+        writer.write(sse_head() + chunk(body) + LAST_CHUNK)
+        await writer.drain()
+        return True
+
+    up = upstream(handler)
+    gw = gateway(config_for(up.url, backend_extra=IDLE, extra=NO_CACHE))
+    text: list[str] = []
+    with sdk(gw) as client:
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        for c in stream:
+            text.extend(ch.delta.content or "" for ch in c.choices)
+    assert "".join(text) == "Hello world"

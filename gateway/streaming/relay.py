@@ -141,8 +141,12 @@ class SSERelay:
                         if self.state is State.DONE:
                             break
                     watchdog.touch()
-                if decoder is not None and self.state is not State.DONE:
-                    self._parser.feed(decode_end(decoder))
+                if self.state is not State.DONE:  # what the last read left: a decoder's
+                    # tail, a CR-only stream's last event (its CR was a line end, not half a CRLF)
+                    tail = self._parser.feed(decode_end(decoder)) if decoder is not None else []
+                    tail += self._parser.finish()
+                    if tail:
+                        await self._on_events(tail)
             finally:
                 watchdog.stop()
         except asyncio.CancelledError:
