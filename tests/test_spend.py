@@ -8,14 +8,23 @@ test chooses (tests/spend_support.py), so every cost below is worked out by the 
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anthropic
+import httpx2
 import openai
+import orjson
 import pytest
 
+from tests.gateway_process import gateway_process
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver
+from tests.redis_support import RedisServer
 from tests.spend_support import (
     CLAUDE,
     EMBED,
@@ -25,6 +34,7 @@ from tests.spend_support import (
     Figures,
     UsageUpstream,
     cost,
+    digest,
     sample,
 )
 from tests.support import GatewayServer, ScriptedUpstream, gateway_config
@@ -32,7 +42,8 @@ from tests.support import GatewayServer, ScriptedUpstream, gateway_config
 MSG = [{"role": "user", "content": "How much does this cost?"}]
 
 
-def routes(upstream_url: str, extra: str = "") -> str:
+def routes(upstream_url: str, extra: str = "", log: bool = True) -> str:
+    logging = '[logging]\naccess_log = "all"' if log else ""
     return f"""
 [[backends]]
 name = "up"
@@ -45,8 +56,7 @@ models = ["*"]
 backends = ["up"]
 retries = 0
 
-[logging]
-access_log = "all"
+{logging}
 {PRICES}
 {extra}
 """
@@ -240,3 +250,407 @@ def test_a_cache_hit_costs_nothing(usage, lines):
     assert first["cost_usd"] == pytest.approx(cost(Figures(), GPT))
     assert second["cost_usd"] == 0.0
     assert total == pytest.approx(first["cost_usd"])
+
+
+# ---------------------------------------------------------------- budgets
+
+KEY_A = "sk-spend-a-5d1e0c9b7f"
+KEY_B = "sk-spend-b-8a2f61c03e"
+KEY_OTHER = "sk-spend-other-3c9e1d"
+KEY_ADMIN = "sk-spend-admin-7b4a20"
+KEY_FREE = "sk-spend-free-19d0e6"
+KEY_TPM = "sk-spend-tpm-4e7c2a"
+#: what each budget test's upstream reports: 20 tokens in, 1000 out = $0.01005 at gpt-4o
+CHEAP = Figures(input=20, output=1000)
+SPENT = 10_050_000  # nano-USD of one CHEAP answer
+BODY = orjson.dumps({"model": "gpt-4o", "messages": MSG, "max_tokens": 1000})
+#: what one such request reserves: its body's bytes / 4 at the input price, 1000 at output
+RESERVED = -(-len(BODY) // 4) * 2500 + 1000 * 10_000
+
+
+def keys_toml(
+    upstream_url: str, extra: str = "", key_a: str = "", tenant: str = "", log: bool = True
+) -> str:
+    return routes(
+        upstream_url,
+        f"""
+[auth]
+mode = "keys"
+{extra}
+
+[[auth.tenants]]
+name = "team-a"
+{tenant}
+
+[[auth.keys]]
+tenant = "team-a"
+sha256 = "{digest(KEY_A)}"
+{key_a}
+
+[[auth.keys]]
+tenant = "team-a"
+sha256 = "{digest(KEY_B)}"
+
+[[auth.keys]]
+tenant = "team-b"
+sha256 = "{digest(KEY_OTHER)}"
+budget_usd = 100.0
+
+[[auth.keys]]
+tenant = "ops"
+sha256 = "{digest(KEY_ADMIN)}"
+admin = true
+budget_usd = 100.0
+
+[[auth.keys]]
+tenant = "free"
+sha256 = "{digest(KEY_FREE)}"
+
+[[auth.keys]]
+tenant = "tpm"
+sha256 = "{digest(KEY_TPM)}"
+tpm = 1000
+""",
+        log,
+    )
+
+
+def post(gw: GatewayServer, key: str, body: bytes = BODY, path: str = "/chat/completions"):
+    return httpx2.post(
+        gw.base_url + path,
+        content=body,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def budgeted(usage: UsageUpstream) -> Iterator[Callable[..., GatewayServer]]:
+    """Factory: a gateway with keys and budgets in front of the usage upstream."""
+    started: list[GatewayServer] = []
+
+    def start(**kw: str) -> GatewayServer:
+        usage.figures = CHEAP
+        usage.hold = None
+        gw = GatewayServer(gateway_config(keys_toml(usage.url, **kw))).start()  # type: ignore[attr-defined]
+        started.append(gw)
+        return gw
+
+    yield start
+    usage.hold = None
+    for gw in started:
+        gw.stop()
+
+
+def _remaining(r: httpx2.Response) -> int:
+    return round(float(r.headers["x-gateway-budget-remaining-usd"]) * 1e9)
+
+
+def test_a_spent_budget_is_429_insufficient_quota_with_spent_budget_and_reset(budgeted, lines):
+    gw = budgeted(key_a='budget_usd = 0.05\nbudget_period = "day"')
+    client = oai(gw, KEY_A)
+    remaining = []
+    for _ in range(4):  # 4 x $0.01005 spent; each reserved ~$0.01006 first
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=MSG, max_tokens=1000
+        )
+        remaining.append(_remaining(raw))
+        lines.wait(len(remaining))  # its end is settled before the next one
+    assert remaining == [50_000_000 - i * SPENT for i in range(4)]
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1000)
+    err, headers = info.value.body, info.value.response.headers
+    assert (err["type"], err["code"], err["param"]) == (
+        "insufficient_quota",
+        "budget_exceeded",
+        None,
+    )
+    midnight = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT00:00:00Z")
+    assert err["message"].startswith(
+        f"key team-a/{digest(KEY_A)[:12]} spent $0.0402 of $0.05 today; resets {midnight}"
+    )
+    assert "this request may cost up to $0.01" in err["message"]
+    assert KEY_A not in err["message"] and digest(KEY_A) not in err["message"]
+    until_midnight = datetime.fromisoformat(midnight).timestamp() - time.time()
+    assert until_midnight - 5 <= int(headers["retry-after"]) <= until_midnight + 5
+    assert headers["x-should-retry"] == "true"
+    assert _remaining(info.value.response) == 50_000_000 - 4 * SPENT
+    assert usage_arrivals_after(gw) == 4  # the refused one never went upstream
+
+
+def usage_arrivals_after(gw: GatewayServer) -> int:
+    """Requests the gateway sent upstream (from its own metrics)."""
+    return int(
+        sum(
+            v
+            for labels, v in _samples(gw, "gateway_requests_total").items()
+            if dict(labels).get("status_code") == "200"
+        )
+    )
+
+
+def _samples(gw: GatewayServer, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    from tests.spend_support import samples
+
+    return samples(gw.url, name)
+
+
+def test_a_total_budget_never_resets_and_says_not_to_retry(budgeted, lines):
+    gw = budgeted(key_a='budget_usd = 0.015\nbudget_period = "total"')
+    assert post(gw, KEY_A).status_code == 200
+    lines.wait(1)
+    r = post(gw, KEY_A)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "budget_exceeded"
+    assert "spent $0.01005 of $0.015 in total; it does not reset" in r.json()["error"]["message"]
+    assert r.headers["x-should-retry"] == "false" and "retry-after" not in r.headers
+
+
+def concurrently(
+    gw: GatewayServer, key: str, n: int, usage: UsageUpstream, body: bytes = BODY
+) -> tuple[int, list[httpx2.Response]]:
+    """``n`` requests at once, held at the upstream until every one was admitted or refused:
+    (how many reached the upstream meanwhile, the answers)."""
+    usage.hold = threading.Event()
+    usage.arrived = 0
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(post, gw, key, body) for _ in range(n)]
+        deadline = time.monotonic() + 15
+        try:
+            # refused ones are answered at once; admitted ones wait at the upstream
+            while usage.arrived + sum(f.done() for f in futures) < n:
+                assert time.monotonic() < deadline, "requests neither admitted nor refused"
+                time.sleep(0.01)
+            time.sleep(0.2)  # nothing more arrives
+            reached = usage.arrived
+        finally:
+            usage.hold.set()
+        return reached, [f.result() for f in futures]
+
+
+def spend_of(gw: GatewayServer) -> dict[str, Any]:
+    r = httpx2.get(gw.url + "/_gateway/api/spend", headers={"authorization": f"Bearer {KEY_ADMIN}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def key_row(spend: dict[str, Any], key: str) -> dict[str, Any]:
+    (row,) = [k for k in spend["keys"] if k["key"] == digest(key)[:12]]
+    return row
+
+
+def settled(gw: GatewayServer, key: str, spent: int) -> dict[str, Any]:
+    """The key's budget once its requests' ends are all settled (Redis: in the background)."""
+    deadline = time.monotonic() + 5
+    while True:
+        row = key_row(spend_of(gw), key)
+        if row["reserved_usd"] == 0 and round(row["spent_usd"] * 1e9) == spent:
+            return row
+        assert time.monotonic() < deadline, row
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_twenty_concurrent_requests_never_pass_the_budget(budgeted, usage, store, request):
+    extra = ""
+    if store == "redis":
+        # generous: this is about reservations in Redis, not about a slow Redis (a fallback)
+        extra = f'redis_url = "{request.getfixturevalue("redis").url}"\ntimeout_ms = 2000'
+    gw = budgeted(extra=extra, key_a='budget_usd = 0.05\nbudget_period = "week"')
+    reached, answers = concurrently(gw, KEY_A, 20, usage)
+    fits = 50_000_000 // RESERVED  # 4: never more in flight than the budget's worst case
+    assert reached == fits
+    assert sorted(r.status_code for r in answers) == [200] * fits + [429] * (20 - fits)
+    for refused in (r for r in answers if r.status_code == 429):
+        err = refused.json()["error"]
+        assert (err["type"], err["code"]) == ("insufficient_quota", "budget_exceeded")
+        assert "requests in flight hold the rest" in err["message"]
+        assert refused.headers["retry-after"] == "1" and refused.headers["x-should-retry"] == "true"
+    row = settled(gw, KEY_A, fits * SPENT)
+    assert (row["budget_usd"], row["period"]) == (0.05, "week")
+    assert row["spent_usd"] * 1e9 == pytest.approx(fits * SPENT)
+    assert spend_of(gw)["shared"] is (store == "redis")
+
+
+def test_tpm_reserves_so_concurrent_requests_cannot_overdraw_it(budgeted, usage):
+    gw = budgeted()
+    body = orjson.dumps({"model": "gpt-4o", "messages": MSG, "max_tokens": 200})
+    estimate = -(-len(body) // 4) + 200
+    usage.figures = Figures(input=20, output=200)
+    reached, answers = concurrently(gw, KEY_TPM, 20, usage, body)
+    assert reached == 1000 // estimate  # before reservations: all 20 (tpm was checked > 0)
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(refused) == 20 - reached
+    assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in refused)
+    assert all(f"may use up to {estimate} tokens" in r.json()["error"]["message"] for r in refused)
+
+
+def test_a_tenant_budget_is_shared_by_its_keys(budgeted, lines):
+    gw = budgeted(tenant='budget_usd = 0.03\nbudget_period = "month"')
+    assert post(gw, KEY_A).status_code == 200
+    lines.wait(1)
+    r = post(gw, KEY_B)  # another key of team-a: the same budget
+    assert r.status_code == 200 and _remaining(r) == 30_000_000 - SPENT
+    lines.wait(2)
+    for key in (KEY_A, KEY_B):
+        r = post(gw, key)
+        assert r.status_code == 429
+        message = r.json()["error"]["message"]
+        assert message.startswith("tenant 'team-a' spent $0.0201 of $0.03 this month; resets ")
+    assert post(gw, KEY_OTHER).status_code == 200  # team-b has its own
+    ratio = sample(gw.url, "gateway_budget_used_ratio", tenant="team-a")
+    assert ratio == pytest.approx(2 * SPENT / 30_000_000)
+    spend = spend_of(gw)
+    (tenant,) = [t for t in spend["tenants"] if t["tenant"] == "team-a"]
+    assert tenant["spent_usd"] * 1e9 == pytest.approx(2 * SPENT)
+    assert tenant["budget_usd"] == 0.03 and tenant["resets_at"].endswith("-01T00:00:00Z")
+
+
+def test_a_key_with_a_budget_cannot_spend_around_it(budgeted, usage):
+    gw = budgeted(key_a="budget_usd = 1.0")
+    usage.arrived = 0
+    # passthrough paths are not metered: refused, unless the key is an admin key
+    r = httpx2.get(gw.base_url + "/files", headers={"authorization": f"Bearer {KEY_A}"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "budget_passthrough"
+    # and models without a price would cost it nothing
+    r = post(gw, KEY_A, orjson.dumps({"model": "llama-3-70b", "messages": MSG}))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_priced"
+    assert usage.arrived == 0
+    for key in (KEY_ADMIN, KEY_FREE):  # an admin key with a budget; a key without one
+        r = httpx2.get(gw.base_url + "/files", headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+    # reading a stored response spends nothing: open to a key with a budget
+    r = httpx2.get(gw.base_url + "/responses/resp_s", headers={"authorization": f"Bearer {KEY_A}"})
+    assert r.status_code == 200
+    assert usage.arrived == 3
+
+
+def test_an_answer_that_reports_no_usage_is_charged_its_reservation(budgeted, lines):
+    gw = budgeted(key_a="budget_usd = 1.0")
+    client = oai(gw, KEY_A)
+    chunks = list(
+        client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1000, stream=True)
+    )
+    assert chunks[-1].usage is None  # no stream_options.include_usage: no usage at all
+    (line,) = lines.wait(1)
+    assert line["cost_usd"] == 0.0  # nothing reported...
+    body = orjson.dumps({"model": "gpt-4o", "messages": MSG, "max_tokens": 1000, "stream": True})
+    charged = -(-len(body) // 4) * 2500 + 1000 * 10_000
+    row = settled(gw, KEY_A, charged)  # ...but the budget keeps its worst case
+    assert round(row["remaining_usd"] * 1e9) == 1_000_000_000 - charged
+
+
+def test_the_spend_api_is_for_admins_and_never_shows_a_key(budgeted):
+    gw = budgeted(key_a="budget_usd = 2.5", tenant="budget_usd = 10")
+    assert post(gw, KEY_A).status_code == 200
+    url = gw.url + "/_gateway/api/spend"
+    assert httpx2.get(url).status_code == 401
+    r = httpx2.get(url, headers={"authorization": f"Bearer {KEY_B}"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_required"
+    r = httpx2.get(url, headers={"authorization": f"Bearer {KEY_ADMIN}"})
+    assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+    body = r.text
+    for key in (KEY_A, KEY_B, KEY_OTHER, KEY_ADMIN, KEY_FREE):
+        assert key not in body and digest(key) not in body and digest(key)[:32] not in body
+    spend = r.json()
+    assert [t["tenant"] for t in spend["tenants"]] == ["team-a"]
+    assert {(k["tenant"], k["key"]) for k in spend["keys"]} == {
+        ("team-a", digest(KEY_A)[:12]),
+        ("team-b", digest(KEY_OTHER)[:12]),
+        ("ops", digest(KEY_ADMIN)[:12]),
+    }
+    row = settled(gw, KEY_A, SPENT)
+    assert set(row) == {
+        "tenant", "key", "period", "period_start", "resets_at",
+        "budget_usd", "spent_usd", "reserved_usd", "remaining_usd",
+    }  # fmt: skip
+    assert (row["budget_usd"], row["period"]) == (2.5, "month")
+
+
+# ---------------------------------------------------------------- replicas on one Redis
+
+
+def _ask(port: int, key: str = KEY_A) -> int:
+    return httpx2.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        content=BODY,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        timeout=30,
+    ).status_code
+
+
+def _settled_in(redis: RedisServer, key: str) -> tuple[int, int]:
+    """(spent, reserved) of a key's budget as Redis has it, once no reservation is left."""
+    name = ("gateway:spend:v1:{team-a}:key:" + digest(key)[:32]).encode()
+    deadline = time.monotonic() + 5
+    while True:
+        reserved = int(redis.command(b"HGET " + name + b" r") or 0)
+        if reserved == 0:
+            return int(redis.command(b"HGET " + name + b" p") or 0), reserved
+        assert time.monotonic() < deadline, "a reservation was never settled"
+        time.sleep(0.02)
+
+
+def test_two_replicas_share_one_budget_through_redis(tmp_path, usage, redis):
+    usage.figures, usage.hold = CHEAP, None
+    cfg = keys_toml(
+        usage.url,  # type: ignore[attr-defined]
+        extra=f'redis_url = "{redis.url}"\ntimeout_ms = 2000',
+        key_a="budget_usd = 0.05",
+        log=False,
+    )
+    with gateway_process(tmp_path, cfg) as one, gateway_process(tmp_path, cfg) as two:
+        codes = []
+        for i in range(8):  # alternate: each replica alone would allow 4
+            codes.append(_ask((one, two)[i % 2].port))
+            _settled_in(redis, KEY_A)
+    assert codes == [200] * 4 + [429] * 4
+    assert _settled_in(redis, KEY_A) == (4 * SPENT, 0)
+
+
+def _metric(port: int, name: str) -> float:
+    from tests.spend_support import sample as sample_at
+
+    return sample_at(f"http://127.0.0.1:{port}", name)
+
+
+def test_redis_killed_mid_run_each_replica_spends_at_most_what_it_last_saw_left(
+    tmp_path, usage, redis
+):
+    """The documented bound: while Redis is away a replica admits against what Redis last told
+    it was spent plus its own spending since; the budget is overspent by at most what each
+    replica other than the first saw left. No crash, no answer but 200 or 429."""
+    usage.figures, usage.hold = CHEAP, None
+    budget = 100_000_000  # $0.10
+    cfg = keys_toml(
+        usage.url,  # type: ignore[attr-defined]
+        extra=f'redis_url = "{redis.url}"\ntimeout_ms = 200',
+        key_a="budget_usd = 0.10",
+        log=False,
+    )
+    with gateway_process(tmp_path, cfg) as one, gateway_process(tmp_path, cfg) as two:
+        seen = {}
+        for port in (one.port, two.port, one.port):  # three through Redis
+            assert _ask(port) == 200
+            seen[port] = _settled_in(redis, KEY_A)[0]  # what its settlement was told
+        assert seen == {one.port: 3 * SPENT, two.port: 2 * SPENT}
+        redis.kill()
+        admitted = {one.port: 0, two.port: 0}
+        for _ in range(10):
+            for port in (one.port, two.port):
+                code = _ask(port)
+                assert code in (200, 429), code
+                admitted[port] += code == 200
+        for port in (one.port, two.port):
+            assert _metric(port, "gateway_ratelimit_fallback") == 1
+            assert _ask(port, KEY_FREE) == 200  # still serving
+    # each admitted while what it saw spent + its own spending since + one reservation fit
+    for port, admitted_here in admitted.items():
+        assert admitted_here == (budget - seen[port] - RESERVED) // SPENT + 1
+    total = 3 * SPENT + sum(admitted.values()) * SPENT
+    assert total <= budget + (budget - 3 * SPENT) + (seen[one.port] - seen[two.port])

@@ -225,6 +225,7 @@ class Auth:
         entry = ctx.limit_key
         if not isinstance(entry, KeyEntry) or not entry.metered:
             return
+        ctx.answer.reserved_shared = False  # admitted (below) or refused: no longer due
         tokens = reserve = 0
         if upstream:
             api = BY_PATH[call.path]

@@ -348,6 +348,16 @@ class MemoryLimits:
                 state[2] = max(state[2] - spent.reserved_cost, 0)
                 state[3] = now_s
 
+    def hold(self, a: Allowance, cost: int) -> None:
+        """Count a reservation the shared store made for this process's request here too: a
+        fallback then starts with it in flight."""
+        if cost:
+            now_s = int(self._wall())
+            for b in a.budgets:
+                state, _ = self._budget(b, now_s)
+                state[2] += cost
+                state[3] = now_s
+
     def observe(self, b: Budget, start: int, spent: int) -> None:
         """What the shared store says a budget has spent (where a fallback starts from)."""
         state = self._spend.get(b.id)
@@ -609,7 +619,10 @@ class RedisLimits:
             reply = await self._call(lambda: self._client.eval(_ADMIT_LUA, 4, *keys, *args))
         except LimitsUnavailable:
             return self.local.admit_now(a, tokens, cost)
-        return self._verdict(a, cost, [int(x) for x in reply])
+        verdict = self._verdict(a, cost, [int(x) for x in reply])
+        if verdict.allowed:
+            self.local.hold(a, cost)
+        return verdict
 
     def _verdict(self, a: Allowance, cost: int, r: list[int]) -> Verdict:
         allowed, retry_us, rem_r, rem_t, reset_r, reset_t, by, now_s = r[:8]
@@ -648,8 +661,10 @@ class RedisLimits:
 
     async def settle(self, a: Allowance, spent: Spent) -> None:
         release = spent.reserved_cost if spent.shared else 0
-        if not spent.shared:  # reserved here: released here (Redis hears of the spending)
-            self.local.settle_now(a, spent)
+        # here first (its reservation is held here either way; its tokens were not, when
+        # Redis reserved them), so a fallback starts from it; Redis then says what it has
+        here = Spent(0, spent.tokens, spent.reserved_cost, spent.cost) if spent.shared else spent
+        self.local.settle_now(a, here)
         k = self._take_owed(a.key_budget, release, spent.cost)
         t = self._take_owed(a.tenant_budget, release, spent.cost)
         delta = spent.tokens - (spent.reserved_tokens if spent.shared else 0)
@@ -663,8 +678,6 @@ class RedisLimits:
                     owed = self._owed.setdefault(b.id, [0, 0])
                     owed[0] += rel
                     owed[1] += spend
-            if spent.shared:  # counted here meanwhile
-                self.local.settle_now(a, Spent(0, spent.tokens, 0, spent.cost))
             return
         r = [int(x) for x in reply]
         for b, start, total in ((a.key_budget, r[1], r[2]), (a.tenant_budget, r[3], r[4])):

@@ -50,6 +50,7 @@ from typing import Any
 import orjson
 
 from gateway.context import Attempt, RequestContext
+from gateway.spend import cost
 from gateway.telemetry.spans import EdgeHop
 
 CONTENT_LIMIT = 4096
@@ -136,7 +137,7 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         ctx.tenant,
         answer.status,
         None if kind is None else (kind, error.message[:ERROR_MESSAGE_LIMIT] if error else ""),
-        (answer.input_tokens, answer.output_tokens),
+        (answer.input_tokens, answer.output_tokens, cost(ctx)),  # docs/spec.md §20
         tuple(ctx.edge_marks.items()) if ctx.edge_marks else (),
         _content(ctx) if capture else None,
         t.backoff,
@@ -335,6 +336,7 @@ def format_record(snap: tuple[Any, ...]) -> dict[str, Any]:
         "edge_ms": _r(clock.edge_ms),
         "total_ms": _r(clock.edge_ms + timings["request_ms"]),
         "tokens": {"input": snap[_TOKENS][0], "output": snap[_TOKENS][1]},
+        "cost_usd": snap[_TOKENS][2],
         "attempts": [_attempt_json(a, clock, snap[_DONE]) for a in attempts],
         "hops": waterfall(snap, clock),
         "details": _details(snap, clock),

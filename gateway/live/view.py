@@ -8,6 +8,7 @@ Endpoints under ``[ui] path`` (``/_gateway/``), all answered here, outside any r
 ``GET {path}api/stream``           the live feed: one SSE event per finished request
 ``GET {path}api/backends``         backends with their passive health, as ``/readyz`` has it
 ``POST|DELETE {path}api/session``  sign in (sets the view's session cookie) / sign out
+``GET {path}api/spend``            budgets per tenant and key: spent, reserved, reset (§20)
 =================================  ==================================================
 
 The view's own requests are not recorded, traced or access-logged (they never enter a
@@ -183,6 +184,7 @@ class LiveView:
         table[p + "api/stream"] = self.stream
         table[p + "api/backends"] = self.backends
         table[p + "api/session"] = self.session
+        table[p + "api/spend"] = self.spend
         return table
 
     # ------------------------------------------------------------ auth
@@ -301,6 +303,13 @@ class LiveView:
             "tracing": rt.tracing.state(),
         }
         await out.json(200, body)
+
+    async def spend(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+        """Budgets per tenant and per key (named by tenant and a digest prefix, never the key):
+        period, spent, reserved, budget, reset (docs/spec.md §20); admins only with auth on."""
+        out = await self._open(rt, scope, send, "GET")
+        if out is not None:
+            await out.json(200, await rt.auth.spend())
 
     async def session(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         """POST: check the admin key in the headers and set the session cookie; DELETE: sign

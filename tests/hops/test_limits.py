@@ -245,8 +245,9 @@ def _row(v):
 
 
 def test_the_redis_script_agrees_with_the_arithmetic(redis):
-    a = allowance(rpm=3, tpm=50, key_usd=1.0, tenant_usd=2.0)
-    steps = [(10, USD // 4), (10, USD // 4), (10, USD // 4), (10, USD // 4), (0, 0)]
+    a = allowance(rpm=3, tpm=50, key_usd=1.0, tenant_usd=0.6)  # the tenant's is the tighter
+    quarter, twentieth = USD // 4, USD // 20
+    steps = [(10, quarter), (10, quarter), (10, quarter), (10, twentieth), (10, USD // 100)]
 
     async def scenario() -> list[tuple]:
         limits = RedisLimits(redis.url, 500)
@@ -254,10 +255,10 @@ def test_the_redis_script_agrees_with_the_arithmetic(redis):
         try:
             for tokens, cost in steps:
                 out.append(_row(await limits.admit(a, tokens, cost)))
-            await limits.settle(a, Spent(10, 80, USD // 4, USD // 10, shared=True))
+            await limits.settle(a, Spent(10, 80, quarter, USD // 10, shared=True))
             v = await limits.admit(a, 0, 0)
             out.append(_row(v))
-            # 80 - 10 + 30 = 100 tokens at 1.2 s each = 120 s spent: 60 s over, plus one token
+            # 30 reserved + 70 more = 100 tokens at 1.2 s each = 120 s: 60 s over, plus one
             assert 61.0 <= v.retry_after_s <= 61.2 + 1e-3
         finally:
             await limits.aclose()
@@ -267,11 +268,17 @@ def test_the_redis_script_agrees_with_the_arithmetic(redis):
     got = run(scenario())
     memory = MemoryLimits(Clock())
     want = [_row(memory.admit_now(a, tokens, cost)) for tokens, cost in steps]
-    memory.settle_now(a, Spent(10, 80, USD // 4, USD // 10))
+    memory.settle_now(a, Spent(10, 80, quarter, USD // 10))
     want.append(_row(memory.admit_now(a, 0, 0)))
     assert got == want
-    assert got[3] == (False, "requests", 0, 20, USD // 4)  # $0.75 reserved of $1
-    assert got[-1][:2] == (False, "tokens")
+    assert got == [
+        (True, None, 2, 50, 6 * USD // 10),
+        (True, None, 1, 40, 6 * USD // 10 - quarter),
+        (False, "budget", None, None, USD // 10),  # the tenant's: $0.50 in flight of $0.60
+        (True, None, 0, 30, USD // 10),
+        (False, "requests", 0, 20, twentieth),
+        (False, "tokens", None, 0, 2 * USD // 10),  # $0.10 spent, $0.30 still in flight
+    ]
 
 
 @pytest.mark.parametrize("period", ["day", "week", "month"])
@@ -373,6 +380,26 @@ def test_the_report_reads_redis_and_falls_back_to_this_process(redis):
             redis.kill()
             rows, shared = await limits.report([a.key_budget])
             assert not shared and rows[0][1] == USD // 2
+        finally:
+            await limits.aclose()
+
+    run(scenario())
+
+
+def test_a_fallback_counts_the_reservations_redis_made_for_requests_still_in_flight(redis):
+    a = allowance(key_usd=1.0)
+
+    async def scenario() -> None:
+        breaker = CircuitBreaker(failures=1, reset_s=60)
+        limits = RedisLimits(redis.url, 200, breaker=breaker)
+        try:
+            held = await limits.admit(a, 0, 7 * USD // 10)  # in flight, reserved in Redis
+            assert held.allowed and held.shared
+            breaker.failure()  # Redis away
+            v = await limits.admit(a, 0, 4 * USD // 10)  # 0.7 in flight + 0.4 > 1
+            assert not v.allowed and not v.shared and v.retry_after_s == 1.0
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, USD // 10, held.shared))
+            assert (await limits.admit(a, 0, 4 * USD // 10)).allowed  # 0.1 spent + 0.4
         finally:
             await limits.aclose()
 

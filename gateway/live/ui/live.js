@@ -80,7 +80,13 @@
     render();
     connect();
     loadBackends();
-    if (state.backendTimer === null) state.backendTimer = setInterval(loadBackends, 5000);
+    loadSpend();
+    if (state.backendTimer === null) {
+      state.backendTimer = setInterval(() => {
+        loadBackends();
+        loadSpend();
+      }, 5000);
+    }
   }
 
   async function errorMessage(r) {
@@ -149,6 +155,45 @@
     const tracing = body.tracing || {};
     $("tracing-state").textContent =
       "tracing " + (tracing.exporter || "?") + (tracing.state ? " (" + tracing.state + ")" : "");
+  }
+
+  // budgets per tenant and key (api/spend): what was spent this period, what requests in
+  // flight hold, the budget; keys are named by tenant and a digest prefix, never the key
+  async function loadSpend() {
+    let r;
+    try {
+      r = await fetch("api/spend", { credentials: "same-origin", cache: "no-store" });
+    } catch (err) {
+      return;
+    }
+    if (!r.ok) return;
+    const body = await r.json();
+    const rows = [...body.tenants, ...body.keys];
+    $("spend-section").hidden = rows.length === 0;
+    $("spend-state").textContent = body.shared ? "shared by the replicas" : "this process";
+    $("spend").tBodies[0].replaceChildren(...rows.map(spendRow));
+  }
+
+  function usd(v) {
+    if (v === null || v === undefined) return "–";
+    return v >= 1 || v === 0 ? v.toFixed(2) : v.toPrecision(3);
+  }
+
+  function spendRow(b) {
+    const tr = el("tr");
+    const used = b.budget_usd ? b.spent_usd / b.budget_usd : 0;
+    tr.dataset.tenant = b.tenant;
+    tr.append(
+      el("td", "", b.tenant),
+      el("td", "mono", b.key || "(tenant)"),
+      el("td", "", b.period),
+      el("td", "num", usd(b.spent_usd)),
+      el("td", "num", usd(b.reserved_usd)),
+      el("td", "num", usd(b.budget_usd)),
+      el("td", "num" + (used >= 0.8 ? " error" : ""), (used * 100).toFixed(1) + "%"),
+      el("td", "mono", b.resets_at || "never"),
+    );
+    return tr;
   }
 
   // passive health as /readyz reports it: the backend's state and its models out of rotation
@@ -301,6 +346,7 @@
       el("td", "status", rec.status),
       el("td", rec.cache === "hit" ? "cache-hit" : "", rec.cache),
       el("td", "", rec.tenant || "–"),
+      el("td", "num cost", usd(rec.cost_usd)),
       el("td", "num", ms(rec.request_ms)),
       el("td", "num", ms(rec.overhead_ms)),
       el("td", "num", ms(rec.upstream_ms)),
@@ -386,6 +432,7 @@
       ["error", rec.error ? rec.error.type + ": " + rec.error.message : "–"],
       ["stream", rec.stream ? "yes" : "no"],
       ["tokens in / out", (rec.tokens.input ?? "–") + " / " + (rec.tokens.output ?? "–")],
+      ["cost $", rec.cost_usd === null || rec.cost_usd === undefined ? "– (no price)" : String(rec.cost_usd)],
       ["attempts", rec.attempts.length],
       ["backoff ms", ms(rec.backoff_ms)],
       ["edge ms", ms(rec.edge_ms)],
