@@ -654,3 +654,32 @@ def test_redis_killed_mid_run_each_replica_spends_at_most_what_it_last_saw_left(
         assert admitted_here == (budget - seen[port] - RESERVED) // SPENT + 1
     total = 3 * SPENT + sum(admitted.values()) * SPENT
     assert total <= budget + (budget - 3 * SPENT) + (seen[one.port] - seen[two.port])
+
+
+# ---------------------------------------------------------------- the example prices
+
+
+@pytest.mark.parametrize(
+    ("model", "prices"),
+    [
+        ("gpt-4o-mini-2024-07-18", (0.15, 0.075, 0.15, 0.60)),  # not gpt-4o's
+        ("gpt-4o-2024-08-06", (2.50, 1.25, 2.50, 10.00)),
+        ("gpt-5-mini-2025-08-07", (0.25, 0.025, 0.25, 2.00)),
+        ("o3-mini", (1.10, 0.55, 1.10, 4.40)),
+        ("text-embedding-3-small", (0.02, 0.02, 0.02, 0.0)),
+        ("claude-opus-4-5-20251101", (5.00, 0.50, 6.25, 25.00)),
+        ("claude-opus-4-1-20250805", (15.00, 1.50, 18.75, 75.00)),
+        ("claude-sonnet-4-5-20250929", (3.00, 0.30, 3.75, 15.00)),
+        ("claude-3-5-haiku-20241022", (0.80, 0.08, 1.00, 4.00)),
+    ],
+)
+def test_the_example_prices_match_the_more_specific_pattern_first(model, prices):
+    from pathlib import Path
+
+    from gateway.config import load_config
+    from gateway.spend import Prices
+
+    path = Path(__file__).resolve().parent.parent / "config/examples/prices.toml"
+    price = Prices(load_config(path, env={}).prices).of(model)
+    assert price is not None, model
+    assert (price.input, price.cached_input, price.cache_write, price.output) == prices
