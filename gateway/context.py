@@ -86,7 +86,18 @@ class Timeline:
 class Attempt:
     """One try of one backend; ``upstream_time`` sums them all (SPEC §6)."""
 
-    __slots__ = ("backend", "end", "error", "first_byte", "number", "span_id", "start", "status")
+    __slots__ = (
+        "affinity",
+        "backend",
+        "end",
+        "error",
+        "first_byte",
+        "load",
+        "number",
+        "span_id",
+        "start",
+        "status",
+    )
 
     def __init__(self, backend: Backend, number: int, span_id: int) -> None:
         self.backend = backend
@@ -97,6 +108,11 @@ class Attempt:
         self.end: float | None = None
         self.status: int | None = None
         self.error: GatewayError | None = None
+        #: on a route with affinity: "hit" (the key's preferred backend), "spill" or "none"
+        #: (no key); None elsewhere (docs/spec.md §21)
+        self.affinity: str | None = None
+        #: the backend's (queue depth, KV-cache usage) as last scraped when it was chosen
+        self.load: tuple[float, float | None] | None = None
 
     def duration(self, now: float) -> float:
         return (self.end if self.end is not None else now) - self.start

@@ -14,6 +14,7 @@
     ├── UpstreamError                 502     upstream_error
     │   ├── UpstreamConnectError      502     (nothing was sent: always safe to retry)
     │   └── UpstreamStreamError       502     upstream_stream_truncated / _idle_timeout
+    ├── BackendSaturated              503     upstream_error, code backend_saturated (+ Retry-After)
     └── UpstreamTimeout               504     upstream_timeout
 
 Client libraries' exceptions are translated into these at the transport boundary
@@ -125,6 +126,19 @@ class UpstreamStreamError(UpstreamError):
             "error": {"message": self.message, "type": self.code, "code": 502, "param": None}
         }
         return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class BackendSaturated(GatewayError):
+    """Every backend of the route is saturated and the route sheds (docs/spec.md §21): nothing
+    was sent upstream, the client may try again in a second."""
+
+    status = 503
+    type = "upstream_error"
+    should_retry = True
+    headers = ((b"retry-after", b"1"),)
+
+    def __init__(self, message: str, *, code: str | None = "backend_saturated") -> None:
+        super().__init__(message, code=code)
 
 
 class UpstreamTimeout(GatewayError):

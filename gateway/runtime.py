@@ -17,6 +17,7 @@ from gateway.cache.service import ResponseCache, make_store
 from gateway.config import Config
 from gateway.hops.auth import Auth, build_auth
 from gateway.hops.edge import Edge
+from gateway.hops.fleet import Fleet
 from gateway.hops.health import Health
 from gateway.hops.ownership import Ownership, build_ownership
 from gateway.hops.router import Router
@@ -56,6 +57,8 @@ class Runtime:
     exposition: Exposition | None = None
     #: the live view's ring buffer (None with [ui] enabled = false)
     recent: RecentRequests | None = None
+    #: the model servers' load scrapers (docs/spec.md §21; None: no backend reports load)
+    fleet: Fleet | None = None
 
     def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
         """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""
@@ -69,10 +72,14 @@ class Runtime:
         """Background work of a started runtime (the metrics snapshots of workers > 1)."""
         if self.exposition is not None:
             self.exposition.start()
+        if self.fleet is not None:
+            self.fleet.start()  # one scraper task per backend, off the request path
 
     async def aclose(self) -> None:
         if self.exposition is not None:
             await self.exposition.stop()
+        if self.fleet is not None:
+            await self.fleet.aclose()
         if self.recent is not None:
             self.recent.close()  # end the live view's feeds
         await asyncio.gather(
@@ -125,6 +132,7 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         backends[cfg.name] = Backend(cfg, for_backend(cfg), env)
     routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)
     health = Health(backends.values(), routes)
+    fleet = Fleet(backends.values(), health.publish)
     upstream = _upstream(tracing, health)
     metrics = exposition = None
     if config.metrics.enabled:
@@ -136,6 +144,8 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
                 # 1 while limits count per process because their Redis is unreachable
                 "gateway_ratelimit_fallback": {(): float(auth.fallback)},
                 "gateway_budget_used_ratio": auth.budget_ratios(),  # as this process saw it
+                # the model servers' load as this process last scraped it (docs/spec.md §21)
+                **health.load_gauges(),
             },
         )
         shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it
@@ -162,4 +172,5 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         recent=recent,
         health=health,
         ownership=build_ownership(config, backends, env),
+        fleet=fleet if fleet.scrapers else None,
     )

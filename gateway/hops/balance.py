@@ -16,6 +16,17 @@ only what it needs between requests (the weighted cursor); nothing per request (
   broken at random), then the others by the same count — Envoy's least-request balancer. With
   the handful of backends a route lists, all of them are compared (the power of two choices
   is for large fleets, where comparing all would cost).
+- ``least_loaded`` (docs/spec.md §21): the lowest queue depth the model server reported, then
+  its KV-cache usage, then this gateway's in-flight requests (the Gateway API Inference
+  Extension's queue and KV scorers), ties at random. The queue depth counts the requests this
+  gateway sent the backend since the last scrape (and those that finished since): between two
+  scrapes the requests do not all herd onto the backend that looked emptiest. A backend whose
+  load is unknown is scored by this gateway's in-flight requests alone (queue depth = in-flight,
+  KV-cache usage taken as full), so a fleet without metrics is balanced as by
+  ``least_outstanding``. The scores come from :class:`gateway.hops.health.Health`.
+
+Saturation and affinity sit above the strategies (:meth:`gateway.hops.health.Health.order`): a
+strategy orders the candidates it is given.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ from gateway.routes import Backend
 
 #: how many attempts are in flight on a backend (kept by :class:`gateway.hops.health.Health`)
 Outstanding = Callable[[Backend], int]
+#: a backend's load as ``least_loaded`` ranks it: (queue depth, KV-cache usage, in flight here)
+Score = Callable[[Backend], tuple[float, float, int]]
 
 
 class Strategy(Protocol):
@@ -86,18 +99,45 @@ class LeastOutstanding:
         return sorted(candidates, key=lambda b: (outstanding(b), tie()))
 
 
+class LeastLoaded:
+    """Lowest (queue depth, KV-cache usage, in flight here) first; ties at random."""
+
+    __slots__ = ("_random", "_score")
+
+    def __init__(self, score: Score, rng: random.Random | None = None) -> None:
+        self._score = score
+        self._random = (rng or random.Random()).random
+
+    def order(self, candidates: Sequence[Backend]) -> Sequence[Backend]:
+        if len(candidates) == 1:
+            return candidates
+        score, tie = self._score, self._random
+        return sorted(candidates, key=lambda b: (*score(b), tie()))
+
+
 def make_strategy(
     config: RouteConfig,
     backends: Sequence[Backend],
     outstanding: Outstanding,
     rng: random.Random | None = None,
+    score: Score | None = None,
 ) -> Strategy:
     """The route's strategy (``strategy`` and ``weights`` were validated with the config)."""
     if config.strategy == "weighted" and config.weights is not None:
         return Weighted(backends, config.weights)
     if config.strategy == "least_outstanding":
         return LeastOutstanding(outstanding, rng)
+    if config.strategy == "least_loaded" and score is not None:
+        return LeastLoaded(score, rng)
     return Ordered()
 
 
-__all__ = ["LeastOutstanding", "Ordered", "Strategy", "Weighted", "make_strategy"]
+__all__ = [
+    "LeastLoaded",
+    "LeastOutstanding",
+    "Ordered",
+    "Score",
+    "Strategy",
+    "Weighted",
+    "make_strategy",
+]

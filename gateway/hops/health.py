@@ -48,8 +48,24 @@ a backend, or for a model to a pair, that the failure just ejected.
 
 What the lead's ``/metrics`` reads (all keyed by backend name): :meth:`Health.up` (the backend,
 connection-level: an ejected pair leaves it up), :attr:`Health.ejections`, :attr:`Health.retries`,
-:attr:`Health.budget_exhausted`, and :meth:`Health.outstanding`; ``/readyz`` shows
-:meth:`Health.snapshot` (with the pairs out of rotation).
+:attr:`Health.budget_exhausted`, :meth:`Health.outstanding` and :meth:`Health.load_gauges`;
+``/readyz`` shows :meth:`Health.snapshot` (with the pairs out of rotation and the load).
+
+Load (docs/spec.md §21) lives here too, beside the ejections: the scrapers of
+:mod:`gateway.hops.fleet` publish each backend's latest :class:`~gateway.hops.fleet.Load`
+(:meth:`Health.publish`), and :meth:`Health.order` reads it — never a scrape. On a route whose
+backends report load, or that has ``affinity``:
+
+- a saturated backend (queue ≥ ``max_queue`` or KV-cache ≥ ``max_kv_cache``, as last scraped
+  and not yet stale) is skipped while any unsaturated one is in rotation, under every strategy:
+  the strategy orders the unsaturated ones, the saturated follow as the last fallbacks, the
+  least loaded first. When every one is saturated the request goes to the least loaded — or,
+  with ``shed_when_saturated``, is refused: 503 ``backend_saturated``, Retry-After 1;
+- with an affinity key (:mod:`gateway.hops.affinity`) the unsaturated backends are tried in the
+  key's hash order instead of the strategy's: its preferred backend when that is in rotation
+  and unsaturated, else the next in hash order (a spill).
+
+Unknown load (no scrape yet, a failing one, a stale one) is never saturated.
 """
 
 from __future__ import annotations
@@ -60,9 +76,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from gateway.config import RouteConfig
 from gateway.context import Attempt, RequestContext
-from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.hops.balance import Ordered, Strategy, make_strategy
+from gateway.errors import BackendSaturated, UpstreamError, UpstreamTimeout
+from gateway.hops.affinity import Rendezvous
+from gateway.hops.balance import LeastLoaded, Ordered, Strategy, make_strategy
+from gateway.hops.fleet import Load, has_load_source
 from gateway.routes import Backend, Route
 
 log = logging.getLogger("gateway")
@@ -173,12 +192,16 @@ class BackendHealth(Rotation):
     __slots__ = (
         "eject_after",
         "eject_for",
+        "load",
+        "load_base",
         "models",
         "name",
         "outstanding",
         "pairs_out",
         "requests",
         "retries",
+        "scraped_at",
+        "watched",
     )
 
     def __init__(self, backend: Backend) -> None:
@@ -193,6 +216,22 @@ class BackendHealth(Rotation):
         self.outstanding = 0
         self.requests = Window()
         self.retries = Window()
+        #: whether its model server's load is read (docs/spec.md §21)
+        self.watched = has_load_source(backend)
+        #: the last scrape's load (None: unknown), and ``outstanding`` when it was published
+        self.load: Load | None = None
+        self.load_base = 0
+        #: when a scrape last worked (monotonic; None: never)
+        self.scraped_at: float | None = None
+
+    def known_load(self, now: float) -> Load | None:
+        """The last scrape's load while it is fresh (None: unknown)."""
+        load = self.load
+        return load if load is not None and now < load.until else None
+
+    def saturated(self, now: float) -> bool:
+        load = self.load
+        return load is not None and load.saturated and now < load.until
 
     def available_for(self, model: str | None, now: float) -> bool:
         """Whether a request for ``model`` may use this backend (it and the pair available)."""
@@ -227,8 +266,25 @@ class BackendHealth(Rotation):
         )
 
 
+class RoutePlan:
+    """How one route chooses among its backends (made once, per route)."""
+
+    __slots__ = ("affinity", "fleet", "rendezvous", "shed", "strategy")
+
+    def __init__(self, config: RouteConfig, backends: tuple[Backend, ...], strategy: Strategy):
+        self.strategy = strategy
+        #: "none" | "session" | "prefix"
+        self.affinity = config.affinity
+        self.shed = config.shed_when_saturated
+        #: the backends in hash order for a key (None: no affinity)
+        self.rendezvous = Rendezvous(backends) if config.affinity != "none" else None
+        #: load or affinity to heed (False: the strategy alone, as without a fleet)
+        self.fleet = self.rendezvous is not None or any(has_load_source(b) for b in backends)
+
+
 class Health:
-    """Passive health, the retry budget and the route strategies of one process."""
+    """Passive health, the retry budget, backend load and the route strategies of one
+    process."""
 
     def __init__(
         self,
@@ -255,10 +311,16 @@ class Health:
         self._pair_trials: dict[Attempt, PairHealth] = {}
         self._out = 0  # backends and pairs out of rotation: 0 keeps order() a lookup
         self._ordered = Ordered()
+        #: the order when every backend is saturated, whatever the strategy
+        self._least_loaded = LeastLoaded(self._score, rng)
         # a route's backends tuple is made once (runtime) and passed by the pipeline as is;
         # any other tuple (passthrough's one backend) is in configured order
-        self._strategies: dict[int, Strategy] = {
-            id(r.backends): make_strategy(r.config, r.backends, self._outstanding_of, rng)
+        self._plans: dict[int, RoutePlan] = {
+            id(r.backends): RoutePlan(
+                r.config,
+                r.backends,
+                make_strategy(r.config, r.backends, self._outstanding_of, rng, self._score),
+            )
             for r in routes
         }
 
@@ -272,6 +334,46 @@ class Health:
     def outstanding(self, name: str) -> int:
         """Attempts in flight on the backend (a stream counts until it ends)."""
         return self._by_name[name].outstanding
+
+    def load(self, backend: Backend) -> Load | None:
+        """The backend's load as last scraped, while it is fresh (None: unknown)."""
+        return self._states[backend].known_load(self._clock())
+
+    def load_gauges(self) -> dict[str, dict[tuple[str, ...], float]]:
+        """The per-backend load gauges of ``/metrics`` (docs/spec.md §11, §21), for the
+        backends whose load is read; queue, running and KV-cache only while known."""
+        now = self._clock()
+        queue: dict[tuple[str, ...], float] = {}
+        running: dict[tuple[str, ...], float] = {}
+        kv_cache: dict[tuple[str, ...], float] = {}
+        saturated: dict[tuple[str, ...], float] = {}
+        age: dict[tuple[str, ...], float] = {}
+        for name, s in self._by_name.items():
+            if not s.watched:
+                continue
+            key = (name,)
+            saturated[key] = float(s.saturated(now))
+            if s.scraped_at is not None:
+                age[key] = round(max(0.0, now - s.scraped_at), 3)
+            load = s.known_load(now)
+            if load is None:
+                continue
+            queue[key] = load.queue
+            if load.running is not None:
+                running[key] = load.running
+            if load.kv_cache is not None:
+                kv_cache[key] = load.kv_cache
+        return {
+            "gateway_backend_queue_depth": queue,
+            "gateway_backend_running_requests": running,
+            "gateway_backend_kv_cache_usage_ratio": kv_cache,
+            "gateway_backend_saturated": saturated,
+            "gateway_backend_metrics_age_seconds": age,
+        }
+
+    def route(self, backends: tuple[Backend, ...]) -> RoutePlan | None:
+        """The plan of the route whose backends tuple this is (None: not a route's)."""
+        return self._plans.get(id(backends))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per backend: state, counters, seconds until the probe, and its models out of
@@ -292,24 +394,75 @@ class Health:
             }
             if s.until is not None:
                 row["probe_in_s"] = round(max(0.0, s.until - now), 3)
+            if s.watched:
+                row["load"] = _load_row(s, now)
             out[name] = row
         return out
 
+    # ------------------------------------------------------------ the scrapers' call
+
+    def publish(self, backend: Backend, load: Load | None) -> None:
+        """A scraper's latest snapshot of the backend's load (None: the scrape failed, the
+        load is unknown)."""
+        state = self._states[backend]
+        state.load = load
+        state.load_base = state.outstanding
+        if load is not None:
+            state.scraped_at = load.at
+
     # ------------------------------------------------------------ the upstream hop's calls
 
-    def order(self, backends: tuple[Backend, ...], model: str | None = None) -> Sequence[Backend]:
+    def order(
+        self,
+        backends: tuple[Backend, ...],
+        model: str | None = None,
+        ranked: Sequence[Backend] | None = None,
+    ) -> Sequence[Backend]:
         """The backends to try for ``model``, in order: the route's strategy over those in
-        rotation (the backend, and its pair for ``model``)."""
-        strategy = self._strategies.get(id(backends), self._ordered)
-        if not self._out:
+        rotation (the backend, and its pair for ``model``) — on a fleet-aware route the
+        unsaturated ones first, in ``ranked`` order (an affinity key's hash order) when given.
+
+        Raises :class:`BackendSaturated` when every one in rotation is saturated and the route
+        sheds."""
+        plan = self._plans.get(id(backends))
+        strategy = plan.strategy if plan is not None else self._ordered
+        fleet = plan is not None and plan.fleet
+        if not self._out and not fleet:
             return strategy.order(backends)
         now = self._clock()
         states = self._states
-        available = tuple(b for b in backends if states[b].available_for(model, now))
-        if available:
+        available = backends
+        if self._out:
+            available = tuple(b for b in backends if states[b].available_for(model, now))
+            if not available:
+                # every one is out: the one whose cool-down ends first, rather than no attempt
+                return (min(backends, key=lambda b: states[b].back_at(model)),)
+        if not fleet:
             return strategy.order(available)
-        # every one is out: the one whose cool-down ends first, rather than no attempt at all
-        return (min(backends, key=lambda b: states[b].back_at(model)),)
+        assert plan is not None
+        return self._fleet_order(plan, available, ranked, now)
+
+    def _fleet_order(
+        self,
+        plan: RoutePlan,
+        available: tuple[Backend, ...],
+        ranked: Sequence[Backend] | None,
+        now: float,
+    ) -> Sequence[Backend]:
+        states = self._states
+        busy = [b for b in available if states[b].saturated(now)]
+        free: Sequence[Backend] = available
+        if busy:
+            if len(busy) == len(available):
+                if plan.shed:
+                    raise BackendSaturated(
+                        "every backend of this route is saturated; try again shortly"
+                    )
+                return self._least_loaded.order(available)
+            free = tuple(b for b in available if b not in busy)
+            busy = list(self._least_loaded.order(busy))
+        head = [b for b in ranked if b in free] if ranked is not None else plan.strategy.order(free)
+        return [*head, *busy] if busy else head
 
     def begin(self, attempt: Attempt, retry: bool, model: str | None = None) -> None:
         state = self._states[attempt.backend]
@@ -460,6 +613,34 @@ class Health:
     def _outstanding_of(self, backend: Backend) -> int:
         return self._states[backend].outstanding
 
+    def _score(self, backend: Backend) -> tuple[float, float, int]:
+        """``least_loaded``'s view of a backend (see :mod:`gateway.hops.balance`): its queue
+        depth as scraped plus what this gateway sent it since, its KV-cache usage, and this
+        gateway's in-flight requests; unknown load is scored by the in-flight requests."""
+        state = self._states[backend]
+        out = state.outstanding
+        load = state.known_load(self._clock())
+        if load is None:
+            return float(out), 1.0, out
+        kv = load.kv_cache if load.kv_cache is not None else 0.0
+        return max(0.0, load.queue + out - state.load_base), kv, out
+
+
+def _load_row(state: BackendHealth, now: float) -> dict[str, Any]:
+    """A backend's load as ``/readyz`` and the live view show it."""
+    load = state.known_load(now)
+    age = None if state.scraped_at is None else round(max(0.0, now - state.scraped_at), 3)
+    if load is None:
+        return {"known": False, "age_s": age}
+    return {
+        "known": True,
+        "queue": load.queue,
+        "running": load.running,
+        "kv_cache": load.kv_cache,
+        "saturated": load.saturated,
+        "age_s": age,
+    }
+
 
 def relayed_outcome(ctx: RequestContext, attempt: Attempt) -> int | None:
     """The outcome of the attempt whose answer the gateway relayed (or began to)."""
@@ -477,6 +658,7 @@ __all__ = [
     "MAX_MODELS_PER_BACKEND",
     "SUCCESS",
     "Health",
+    "RoutePlan",
     "Window",
     "answer_outcome",
     "relayed_outcome",

@@ -20,6 +20,12 @@ backend).
 A pinned request (``pinned=True``: a stateful Responses call that must reach the backend
 holding its state, docs/spec.md §22) goes to the first backend given and nowhere else, in
 rotation or not; its error answer passes through.
+
+On a route with ``affinity`` (docs/spec.md §21) the request's key is read here from the parsed
+body (:mod:`gateway.hops.affinity`) and the health hop orders the backends by it; each attempt
+records whether it reached the key's preferred backend (``hit``), another (``spill``), or the
+request had no key (``none``), and on a fleet-aware route the backend's load as last scraped —
+for the attempt's span.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Generic, TypeVar
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
-from gateway.hops.health import CONNECTION_FAILED, SUCCESS, Health, answer_outcome
+from gateway.hops.affinity import request_key
+from gateway.hops.health import CONNECTION_FAILED, SUCCESS, Health, RoutePlan, answer_outcome
 from gateway.routes import Backend
 from gateway.transports.base import Body, UpstreamResponse
 
@@ -125,6 +132,15 @@ def _backoff(retry_number: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (retry_number - 1)))
 
 
+def _ranked(ctx: RequestContext, route: RoutePlan | None) -> Sequence[Backend] | None:
+    """The route's backends in the hash order of the request's affinity key (None: the
+    route has no affinity, or the request no key)."""
+    if route is None or route.rendezvous is None or ctx.call is None:
+        return None
+    key = request_key(route.affinity, ctx.call.payload, ctx.model, ctx.scope["headers"])
+    return None if key is None else route.rendezvous.rank(key)
+
+
 def _is_redirect(status: int) -> bool:
     return 300 <= status < 400 and status != 304
 
@@ -162,10 +178,14 @@ class Upstream:
         the model) is ejected — no strategy, no fallback; its answer, an error too, is what
         the request gets (retries to it still need its budget, and it in rotation)."""
         order: Sequence[Backend] = backends
+        route: RoutePlan | None = None
+        ranked: Sequence[Backend] | None = None
         if pinned:
             order = backends[:1]
         elif self.health is not None:
-            order = self.health.order(backends, ctx.model)
+            route = self.health.route(backends)
+            ranked = _ranked(ctx, route)
+            order = self.health.order(backends, ctx.model, ranked)
         if not isinstance(body, bytes | None):
             retries = 0  # a streamed request body can be sent once only
             order = order[:1]
@@ -175,6 +195,8 @@ class Upstream:
             if delay:
                 await self._wait(ctx, delay)
             attempt = self._begin(ctx, backend, plan)
+            if route is not None and route.fleet:  # what the span tells of the choice
+                self._routed(attempt, route, ranked)
             try:
                 resp = await self._send(ctx, backend, attempt, body)
             except GatewayError as exc:
@@ -274,6 +296,18 @@ class Upstream:
         if self.health is not None:
             self.health.begin(attempt, plan.is_retry, ctx.model)
         return attempt
+
+    def _routed(self, attempt: Attempt, route: RoutePlan, ranked: Sequence[Backend] | None) -> None:
+        """What the attempt's span tells of the choice: affinity, the backend's load."""
+        if route.rendezvous is not None:
+            if ranked is None:
+                attempt.affinity = "none"
+            else:
+                attempt.affinity = "hit" if attempt.backend is ranked[0] else "spill"
+        assert self.health is not None
+        load = self.health.load(attempt.backend)
+        if load is not None:
+            attempt.load = (load.queue, load.kv_cache)
 
     def _headers(
         self, ctx: RequestContext, backend: Backend, attempt: Attempt

@@ -342,6 +342,29 @@ GAUGES: dict[str, tuple[str, Labels, Callable[[list[float]], float]]] = {
         ("tenant",),
         max,
     ),
+    # the model servers' load as scraped (docs/spec.md §21): every worker scrapes the same
+    # server, so workers agree up to a scrape period (the freshest age is the process's)
+    "gateway_backend_queue_depth": (
+        "Requests waiting in the model server's queue",
+        ("backend",),
+        max,
+    ),
+    "gateway_backend_running_requests": ("Requests the model server runs", ("backend",), max),
+    "gateway_backend_kv_cache_usage_ratio": (
+        "The model server's KV-cache usage (0..1)",
+        ("backend",),
+        max,
+    ),
+    "gateway_backend_saturated": (
+        "1 = queue >= max_queue or KV-cache >= max_kv_cache: skipped while others are not",
+        ("backend",),
+        max,
+    ),
+    "gateway_backend_metrics_age_seconds": (
+        "Seconds since the model server's metrics were last scraped",
+        ("backend",),
+        min,
+    ),
 }
 
 
