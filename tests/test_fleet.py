@@ -24,6 +24,8 @@ import pytest
 
 from gateway.config import Config
 from tests.fleet_support import ModelServer, gauges, sees, unknown, wait_until
+from tests.model_api_support import traced
+from tests.otlp_receiver import OTLPReceiver
 from tests.support import GatewayServer, free_port, gateway_config
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -403,3 +405,31 @@ def test_prefix_affinity_keeps_a_prompt_prefix_on_one_backend(gateway):
                 homes.setdefault(call.body["messages"][0]["content"], set()).add(s.name)
         assert len(homes) == 18 and all(len(v) == 1 for v in homes.values())
         assert len({next(iter(v)) for v in homes.values()}) == 3
+
+
+# ---------------------------------------------------------------- the attempt span
+
+
+def test_the_attempt_span_carries_the_affinity_and_the_backends_load(gateway):
+    with servers("a", "b") as fleet, OTLPReceiver("http") as otlp:
+        a, b = fleet
+        a.force(queue=3, running=2, kv=0.5)
+        b.force(queue=2, running=1, kv=0.25)
+        gw = gateway(config(fleet, 'affinity = "session"', extra=traced(otlp.endpoint)))
+        sees(gw.url, [("queue_depth", "a", 3.0), ("queue_depth", "b", 2.0)])
+        oai = client(gw)
+        oai.chat.completions.create(model="m", messages=MESSAGES, user="dora")
+        home = next(s for s in fleet if s.count())
+        home.force(queue=5, running=2, kv=0.5)  # saturated: the session spills
+        sees(gw.url, [("saturated", home.name, 1.0)])
+        oai.chat.completions.create(model="m", messages=MESSAGES, user="dora")
+        oai.chat.completions.create(model="m", messages=MESSAGES)  # no session
+        spans = otlp.wait_for(lambda got: len([s for s in got if s.kind == "CLIENT"]) >= 3)
+        attempts = sorted((s for s in spans if s.kind == "CLIENT"), key=lambda s: s.start_ns)
+        hit, spill, none = (s.attributes for s in attempts[:3])
+        assert hit["gateway.affinity"] == "hit" and hit["gateway.backend"] == home.name
+        expected = {"a": (3.0, 0.5), "b": (2.0, 0.25)}
+        got = (hit["gateway.backend.queue_depth"], hit["gateway.backend.kv_cache_usage"])
+        assert got == expected[home.name]
+        assert spill["gateway.affinity"] == "spill" and spill["gateway.backend"] != home.name
+        assert none["gateway.affinity"] == "none"

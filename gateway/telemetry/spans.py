@@ -281,6 +281,12 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     ]
     if call is not None:
         attrs.extend(_request_attrs(call.payload))
+    if attempt.affinity is not None:  # docs/spec.md §21: a route with affinity
+        attrs.append(_s("gateway.affinity", attempt.affinity))
+    if attempt.load is not None:  # the backend's load as last scraped when it was chosen
+        attrs.append(_f("gateway.backend.queue_depth", attempt.load[0]))
+        if attempt.load[1] is not None:
+            attrs.append(_f("gateway.backend.kv_cache_usage", attempt.load[1]))
     status = otlp.STATUS_UNSET
     message = ""
     if attempt.status is not None and attempt.status >= 500:
