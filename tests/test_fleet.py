@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 import orjson
 import pytest
@@ -433,3 +434,36 @@ def test_the_attempt_span_carries_the_affinity_and_the_backends_load(gateway):
         assert got == expected[home.name]
         assert spill["gateway.affinity"] == "spill" and spill["gateway.backend"] != home.name
         assert none["gateway.affinity"] == "none"
+
+
+# ---------------------------------------------------------------- the live view
+
+
+def test_the_live_view_shows_each_backends_queue_and_kv_cache(gateway):
+    from tests.live.test_view import chromium
+
+    with servers("a", "b", "c") as fleet:
+        a, b, c = fleet
+        a.force(queue=2, running=3, kv=0.42)
+        b.force(queue=7, running=4, kv=0.9)
+        c.mode = "fail"
+        gw = gateway(config(fleet, extra="[ui]\nenabled = true\n"))
+        sees(gw.url, [("queue_depth", "a", 2.0), ("queue_depth", "b", 7.0)])
+        rows = {
+            r["name"]: r["load"]
+            for r in httpx2.get(gw.url + "/_gateway/api/backends").json()["backends"]
+        }
+        assert rows["a"]["known"] and (rows["a"]["queue"], rows["a"]["kv_cache"]) == (2.0, 0.42)
+        assert rows["b"]["saturated"] is True and rows["c"]["known"] is False
+        with chromium() as (page, errors):
+            page.goto(gw.url + "/_gateway/")
+            cell = page.locator('#backends tr[data-backend="a"] td.load-queue')
+            cell.wait_for()
+            assert cell.inner_text() == "2 (3 running)"
+            assert page.locator('#backends tr[data-backend="a"] td.load-kv').inner_text() == "42 %"
+            hot = page.locator('#backends tr[data-backend="b"] td.load-queue')
+            assert hot.inner_text() == "7 (4 running) saturated"
+            assert "error" in (hot.get_attribute("class") or "")
+            gone = page.locator('#backends tr[data-backend="c"] td.load-queue').inner_text()
+            assert gone == "unknown"
+            assert errors == []

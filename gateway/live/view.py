@@ -496,7 +496,9 @@ def backend_row(
 
     ``health`` is the backend's row of :meth:`gateway.hops.health.Health.snapshot` — what
     ``/readyz`` reports — as it is, with the page's wording of its state (``label``) and the
-    models out of rotation on it (``models``: model -> state, empty when none).
+    models out of rotation on it (``models``: model -> state, empty when none). ``load`` is its
+    model server's queue and KV-cache as last scraped (docs/spec.md §21; ``known`` false while
+    unknown), None when its load is not read.
 
     >>> from gateway.config import BackendConfig
     >>> b = Backend(BackendConfig(name="b", url="http://127.0.0.1:9/v1"), None)
@@ -516,6 +518,7 @@ def backend_row(
         "url": display_url(cfg.url),
         "transport": transport,
         "health": shown,
+        "load": health.get("load"),
         "attempts": len(attempts),
         "failed": len(failed),
         "last_status": attempts[0]["status"] if attempts else None,

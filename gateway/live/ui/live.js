@@ -219,12 +219,32 @@
       el("td", "mono", b.url),
       el("td", "", b.transport),
       health,
+      ...loadCells(b.load),
       el("td", "num", b.attempts),
       el("td", "num" + (b.failed ? " error" : ""), b.failed),
       el("td", "num", b.last_status === null ? "–" : b.last_status),
       el("td", "num", ms(b.attempt_ms.p50)),
     );
     return tr;
+  }
+
+  // the model server's load as last scraped (docs/spec.md §21): queue depth and KV-cache usage;
+  // "–" when its load is not read, "unknown" while a scrape fails or is stale
+  function loadCells(load) {
+    if (!load) return [el("td", "num muted", "–"), el("td", "num muted", "–")];
+    if (!load.known) {
+      const why = "metrics " + (load.age_s === null ? "never scraped" : load.age_s + " s old");
+      const queue = el("td", "num muted load-queue", "unknown");
+      queue.title = why;
+      return [queue, el("td", "num muted load-kv", "unknown")];
+    }
+    const hot = load.saturated ? " error" : "";
+    const queue = el("td", "num load-queue" + hot, String(load.queue));
+    if (load.running !== null) queue.append(el("span", "muted", " (" + load.running + " running)"));
+    if (load.saturated) queue.append(el("span", "", " saturated"));
+    queue.title = "scraped " + load.age_s + " s ago";
+    const kv = load.kv_cache === null ? "–" : Math.round(load.kv_cache * 100) + " %";
+    return [queue, el("td", "num load-kv" + hot, kv)];
   }
 
   // ---------------------------------------------------------------- rendering
