@@ -58,7 +58,7 @@ class Gateway:
         }
         if config.metrics.enabled:
             self._endpoints["/metrics"] = endpoints.metrics
-        if config.ui.enabled:  # the live view under [ui] path (SPEC §18)
+        if config.ui.enabled:  # the live view under [ui] path (docs/spec.md §18)
             self._endpoints.update(LiveView(config).endpoints())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,7 +73,7 @@ class Gateway:
             endpoint = self._endpoints.get(path)
             if endpoint is None:
                 endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
-                # the upstream path must stay under the backend's base path (SPEC §5)
+                # the upstream path must stay under the backend's base path (docs/spec.md §5)
                 if (why := unsafe_path(scope)) is not None:
                     endpoint = endpoints.bad_path(why)
                 else:  # forwarded as the client wrote it (its harmless escapes kept)

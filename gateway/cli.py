@@ -1,4 +1,4 @@
-"""``gateway`` command line (SPEC §3)."""
+"""``gateway`` command line (docs/spec.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Typed settings: TOML file + ``GATEWAY__SECTION__KEY`` environment overrides (SPEC §3, §4).
+"""Typed settings: TOML file + ``GATEWAY__SECTION__KEY`` environment overrides (docs/spec.md §3,
+§4).
 
 Every section is a frozen dataclass; :func:`load_config` builds them from plain data and
 collects *every* problem as ``path.to.key: message`` (unknown keys included), so
@@ -69,7 +70,7 @@ class BackendConfig:
     http2: bool = False
     #: the HTTP/1.1 client: the gateway's own lean one, or aiohttp's (for comparison)
     http1_client: Literal["lean", "aiohttp"] = "lean"
-    #: passive health (SPEC §13): consecutive failures that eject the backend (0: never)
+    #: passive health (docs/spec.md §13): consecutive failures that eject the backend (0: never)
     eject_after: int = 5
     #: cool-down before one probe request decides
     eject_for_s: float = 30.0

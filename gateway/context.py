@@ -1,4 +1,4 @@
-"""The per-request context and its Timeline: the single source of every timing (SPEC §6).
+"""The per-request context and its Timeline: the single source of every timing (docs/spec.md §6).
 
 Hops fill the context in order (edge → auth → router → upstream → response) and never
 reach back; spans, ``Server-Timing``, metrics and the access log are all derived from the
@@ -19,7 +19,7 @@ Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` un
     first_content                    first content-bearing SSE event sent (TTFT)
     done                [DS_TX_END]  the last byte handed to the client transport
 
-The points sit at the sockets (DESIGN "the Timeline's points"): ``received`` is stamped by the
+The points sit at the sockets (docs/architecture.md, "The Timeline"): ``received`` is stamped by the
 server protocol (:class:`gateway.server.GuardedHttpToolsProtocol`) under :data:`RECEIVED_AT` in
 the ASGI scope, before any parsing or queueing; the upstream points by the transport, at its
 socket (an attempt's ``start`` is when its connection was being opened, or on a pooled one
@@ -84,7 +84,7 @@ class Timeline:
 
 
 class Attempt:
-    """One try of one backend; ``upstream_time`` sums them all (SPEC §6)."""
+    """One try of one backend; ``upstream_time`` sums them all (docs/spec.md §6)."""
 
     __slots__ = (
         "affinity",
@@ -124,7 +124,7 @@ class Attempt:
             self.end = time.perf_counter() if at is None else at
 
     def at_sockets(self, start: float | None, first_byte: float | None) -> None:
-        """Take the transport's socket times over the hop's (SPEC §6): ``start`` when the
+        """Take the transport's socket times over the hop's (docs/spec.md §6): ``start`` when the
         connection was being opened or the request's last byte was written, ``first_byte`` when
         the answer's first byte was read. Whatever ran between those and the hop's own stamps
         (building the request, the client library, waiting for the event loop) is overhead."""
@@ -135,7 +135,7 @@ class Attempt:
 
 
 class TraceContext:
-    """The ids of one request's trace, fixed when the request arrives (SPEC §7)."""
+    """The ids of one request's trace, fixed when the request arrives (docs/spec.md §7)."""
 
     __slots__ = ("flags", "parent_span_id", "root_span_id", "sampled", "trace_id", "trace_state")
 
@@ -162,7 +162,7 @@ CacheResult = Literal["off", "hit", "miss", "bypass"]
 
 
 class CacheOutcome:
-    """What the cache did for this request (SPEC §10): ``x-gateway-cache`` and its spans."""
+    """What the cache did for this request (docs/spec.md §10): ``x-gateway-cache`` and its spans."""
 
     __slots__ = (
         "error",
@@ -367,7 +367,7 @@ class RequestContext:
     content_encoding: bytes | None = None
     content_length: bytes | None = None
     cache_control: bytes | None = None
-    #: OpenAI-Organization / OpenAI-Project as sent (part of the cache key, SPEC §10)
+    #: OpenAI-Organization / OpenAI-Project as sent (part of the cache key, docs/spec.md §10)
     forwarded_org: dict[str, str] | None = None
     #: accepted edge hop times: (name, hop.index, epoch seconds it received the request)
     edge_times: Sequence[tuple[str, int, float]] = ()
@@ -386,7 +386,7 @@ class RequestContext:
     #: the caller's key entry (:class:`gateway.hops.auth.KeyEntry`), for the token debit
     limit_key: object | None = None
     # -- from the router
-    #: the response coding negotiated from Accept-Encoding (SPEC §9)
+    #: the response coding negotiated from Accept-Encoding (docs/spec.md §9)
     coding = "identity"
     #: the model the body asked for (known even when no route serves it)
     model: str | None = None
@@ -414,7 +414,7 @@ class RequestContext:
         self.cache = CacheOutcome()
         self.answer = Answer()
 
-    # -- derived timings (s), SPEC §6
+    # -- derived timings (s), docs/spec.md §6
 
     def upstream_time(self, now: float | None = None) -> float:
         now = time.perf_counter() if now is None else now

@@ -1,4 +1,5 @@
-"""Content-Encoding: negotiation and incremental codecs (SPEC §9, DESIGN habit 5).
+"""Content-Encoding: negotiation and incremental codecs (docs/spec.md §9, docs/architecture.md,
+habit 5).
 
 Every encoder has the same three calls: ``encode(chunk)`` (may buffer), ``flush()`` (everything
 given so far becomes decodable: called after each SSE event), ``finish()`` (end of the body).
@@ -829,9 +830,9 @@ def make_decoder(content_encoding: bytes | str, max_output: int | None = None) -
     return _make_decoder(_codings(content_encoding), max_output)
 
 
-# ---------------------------------------------------------------- request bodies (SPEC §9)
+# ---------------------------------------------------------------- request bodies (docs/spec.md §9)
 
-#: what clients may send (SPEC §9: gzip, br or zstd; anything else is 415)
+#: what clients may send (docs/spec.md §9: gzip, br or zstd; anything else is 415)
 _REQUEST_CODINGS: Final = frozenset({"gzip", "br", "zstd"})
 
 

@@ -1,4 +1,5 @@
-"""The endpoints other than the model call (SPEC §5): models, passthrough, health, readiness."""
+"""The endpoints other than the model call (docs/spec.md §5): models, passthrough, health,
+readiness."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
     body: dict[str, Any] = {
         "status": "ready",
         "config": rt.config.source,
-        # passive health per backend (SPEC §13): state up | ejected | probe_due | probing;
+        # passive health per backend (docs/spec.md §13): state up | ejected | probe_due | probing;
         # never a reason to be unready (a request still tries the least recently ejected)
         "backends": _backend_states(rt),
         # reported, never a reason to be unready: requests do not depend on the collector
@@ -120,7 +121,7 @@ def _backend_states(rt: Runtime) -> dict[str, dict[str, Any]]:
 
 
 class ModelCatalog:
-    """``GET /v1/models``: the union of the models the routes expose (SPEC §5).
+    """``GET /v1/models``: the union of the models the routes expose (docs/spec.md §5).
 
     Literal names come from the routes; glob routes list their backends' own ``/models``
     (filtered by the route that would serve each), fetched with a timeout and cached.

@@ -20,7 +20,7 @@
 Client libraries' exceptions are translated into these at the transport boundary
 (each transport's ``map_upstream_errors``); only the request scope renders them
 (:meth:`gateway.writer.ResponseWriter.error`), with the OpenAI error shape
-``{"error": {"message", "type", "code", "param"}}`` (SPEC §5).
+``{"error": {"message", "type", "code", "param"}}`` (docs/spec.md §5).
 """
 
 from __future__ import annotations
@@ -115,13 +115,14 @@ class UpstreamConnectError(UpstreamError):
 
 
 class UpstreamStreamError(UpstreamError):
-    """A stream that started and then broke: reported as an SSE error event (SPEC §8)."""
+    """A stream that started and then broke: reported as an SSE error event (docs/spec.md §8)."""
 
     def __init__(self, message: str, *, code: str = "upstream_stream_truncated") -> None:
         super().__init__(message, code=code)
 
     def sse_event(self) -> bytes:
-        # SPEC §8: the type names the cut; code is the HTTP status the answer would have had.
+        # docs/spec.md §8: the type names the cut; code is the HTTP status the answer would have
+        # had.
         payload = {
             "error": {"message": self.message, "type": self.code, "code": 502, "param": None}
         }

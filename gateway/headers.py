@@ -1,4 +1,4 @@
-"""Header helpers every layer shares: the hop-by-hop set, lookup and copying (SPEC §5).
+"""Header helpers every layer shares: the hop-by-hop set, lookup and copying (docs/spec.md §5).
 
 Header names are lower-case bytes everywhere inside the gateway (ASGI gives them so; the
 transports lower-case the upstream's).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gateway.types import RawHeaders
 
-#: RFC 9110 §7.6.1 plus the legacy ones SPEC §5 names: never forwarded in either direction
+#: RFC 9110 §7.6.1 plus the legacy ones docs/spec.md §5 names: never forwarded in either direction
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -29,7 +29,7 @@ HOP_BY_HOP = frozenset(
 )
 #: response headers never copied from the upstream (the gateway sets its own)
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
-#: answers the gateway encodes itself vary by Accept-Encoding (SPEC §9)
+#: answers the gateway encodes itself vary by Accept-Encoding (docs/spec.md §9)
 VARY = (b"vary", b"Accept-Encoding")
 
 

@@ -1,4 +1,5 @@
-"""The model call: a routed request, hop by hop (SPEC §5, DESIGN "the shape").
+"""The model call: a routed request, hop by hop (docs/spec.md §5, docs/architecture.md, "The
+request path").
 
 :func:`model_call` is the whole request path of ``POST /v1/chat/completions`` and its siblings,
 read top to bottom; each line is one hop, each hop its own module.
@@ -25,7 +26,8 @@ from gateway.streaming.relay import SSERelay, replay_sse
 from gateway.types import Receive, Scope, Send
 from gateway.writer import ResponseWriter
 
-# SPEC §9: ask for compressed JSON (decoded here as needed); streams ask for identity, since an
+# docs/spec.md §9: ask for compressed JSON (decoded here as needed); streams ask for identity,
+# since an
 # upstream that compresses SSE without a flush per event would hold events back
 _UPSTREAM_CODING = ("accept-encoding", "br, zstd, gzip")
 _UPSTREAM_STREAM_CODING = ("accept-encoding", "identity")
@@ -110,7 +112,7 @@ async def from_upstream(
 async def replay(
     ctx: RequestContext, call: Call, entry: Entry, out: ResponseWriter, receive: Receive
 ) -> None:
-    """A cached answer, in the form this request asked for (SPEC §10)."""
+    """A cached answer, in the form this request asked for (docs/spec.md §10)."""
     if call.stream and entry.operation != "embeddings":
         await replay_sse(ctx, replay_events(entry, call.wants_usage()), out, receive)
     else:

@@ -1,6 +1,6 @@
 """Backends and routes as the request path sees them: configuration plus a pooled transport.
 
-Data with no behaviour above it (DESIGN: "Backend/Route in a low module"), so the per-request
+Data with no behaviour above it (docs/architecture.md, "The layer contract"), so the per-request
 context can name them without importing any hop.
 """
 
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from gateway.config import BackendConfig, RouteConfig
 from gateway.transports.base import Transport
 
-#: SPEC §5: sent to ``provider = "anthropic"`` backends unless the client sent its own
+#: docs/spec.md §5: sent to ``provider = "anthropic"`` backends unless the client sent its own
 ANTHROPIC_VERSION = ("anthropic-version", "2023-06-01")
 
 
@@ -52,7 +52,8 @@ class Backend:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         key = env.get(config.api_key_env) if config.api_key_env else None
         anthropic = config.provider == "anthropic"
-        #: the backend's own key; no client credential ever goes upstream (SPEC §5). Anthropic
+        #: the backend's own key; no client credential ever goes upstream (docs/spec.md §5).
+        #: Anthropic
         #: takes it as x-api-key (an Authorization header there is an OAuth token, not a key)
         self.auth_header: tuple[str, str] | None = None
         if key:
@@ -85,7 +86,7 @@ class Backend:
         return headers
 
     def url_for(self, path: str, query: bytes) -> str:
-        """The request path after ``/v1`` appended to the configured base URL (SPEC §4)."""
+        """The request path after ``/v1`` appended to the configured base URL (docs/spec.md §4)."""
         url = self.base_url + path[3:]
         return f"{url}?{query.decode('latin-1')}" if query else url
 

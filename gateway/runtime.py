@@ -1,7 +1,8 @@
 """The Runtime: everything a request needs, built once in the lifespan, never changed after.
 
 Per-request state lives in the request's context (:mod:`gateway.context`), never here
-(DESIGN habit 2): the runtime holds only what is shared and made once — pooled transports,
+(docs/architecture.md, habit 2): the runtime holds only what is shared and made once — pooled
+transports,
 the router, the cache, telemetry.
 """
 
@@ -22,12 +23,12 @@ from gateway.hops.health import Health
 from gateway.hops.ownership import Ownership, build_ownership
 from gateway.hops.router import Router
 from gateway.hops.upstream import Upstream
+from gateway.live.recent import RecentRequests
 from gateway.routes import Backend, Route
 from gateway.scope import RequestScope
 from gateway.telemetry import Sink, Telemetry
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.metrics import METRICS_DIR_ENV, Exposition, Metrics, WorkerSnapshots
-from gateway.live.recent import RecentRequests
 from gateway.telemetry.tracing import Tracing
 from gateway.transports import for_backend
 from gateway.types import Receive, Scope, Send
@@ -48,7 +49,7 @@ class Runtime:
     backends: Mapping[str, Backend]
     cache: ResponseCache
     telemetry: Telemetry
-    #: passive health, retry budgets, strategies (SPEC §13); per process
+    #: passive health, retry budgets, strategies (docs/spec.md §13); per process
     health: Health
     #: response id -> the backend that made it (stateful Responses, docs/spec.md §22)
     ownership: Ownership

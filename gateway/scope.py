@@ -4,7 +4,7 @@
 
     async with rt.request(scope, send) as req:   # the edge hop: context, request id, trace ids
         ...                                       # hops; answer through req.out
-    # GatewayError before the response started -> rendered in the OpenAI shape (SPEC §5)
+    # GatewayError before the response started -> rendered in the OpenAI shape (docs/spec.md §5)
     # GatewayError after it started            -> the connection is dropped (ResponseAborted)
     # ClientGone                                -> status 499
     # always                                    -> done stamped, telemetry from the Timeline
@@ -44,7 +44,7 @@ class RequestScope:
     ) -> None:
         ctx = edge.accept(scope)  # trust, X-Forwarded-*, request id, edge timing headers
         ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
-        if vary:  # answers the gateway encodes itself vary by Accept-Encoding (SPEC §9)
+        if vary:  # answers the gateway encodes itself vary by Accept-Encoding (docs/spec.md §9)
             ctx.response_headers.append(VARY)
         telemetry.begin(ctx)
         self._telemetry = telemetry

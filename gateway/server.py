@@ -64,7 +64,7 @@ STARTUP_FAILURE = 3
 
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
-    """The ``[server]`` guards against slow and too many clients (SPEC §4)."""
+    """The ``[server]`` guards against slow and too many clients (docs/spec.md §4)."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0

@@ -1,4 +1,4 @@
-"""ASGI type aliases, in one place (DESIGN habit 7)."""
+"""ASGI type aliases, in one place (docs/architecture.md, habit 7)."""
 
 from __future__ import annotations
 

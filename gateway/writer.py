@@ -1,4 +1,5 @@
-"""The per-request response writer: the one place that sends to the client (DESIGN habit 3).
+"""The per-request response writer: the one place that sends to the client (docs/architecture.md,
+habit 3).
 
 It wraps ASGI ``send``. :meth:`ResponseWriter.start` is held by the callers until the headers
 are final; it adds what every answer carries (``x-request-id``, ``Vary``, ``x-gateway-cache``
@@ -64,7 +65,7 @@ class ResponseWriter:
         await self.whole(status, [_JSON], orjson.dumps(obj))
 
     async def error(self, exc: GatewayError) -> None:
-        """A gateway error in the OpenAI shape (SPEC §5), with ``x-should-retry``."""
+        """A gateway error in the OpenAI shape (docs/spec.md §5), with ``x-should-retry``."""
         self._ctx.answer.error = exc
         headers: RawHeaders = [
             _JSON,

@@ -1,4 +1,4 @@
-"""A circuit breaker, so a dead or black-holed Redis costs requests no wait (SPEC §10).
+"""A circuit breaker, so a dead or black-holed Redis costs requests no wait (docs/spec.md §10).
 
 ::
 

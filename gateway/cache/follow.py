@@ -1,4 +1,5 @@
-"""Followers of single flight (SPEC §10): what a request gets from an identical one in flight.
+"""Followers of single flight (docs/spec.md §10): what a request gets from an identical one in
+flight.
 
 A follower of a streaming leader tails the leader's events live (same content, same pace);
 any other follower waits for the leader's finished entry. When the leader ends with nothing to

@@ -1,4 +1,4 @@
-"""Cache keys, eligibility and request ``Cache-Control`` (SPEC §10).
+"""Cache keys, eligibility and request ``Cache-Control`` (docs/spec.md §10).
 
 A key is ``gateway:cache:v1:<namespace>:<sha256 hex>``. The digest covers, each part
 length-prefixed so no two different inputs can encode alike: the path, the query string,
@@ -36,7 +36,8 @@ _ORG = "openai-organization"
 _PROJECT = "openai-project"
 
 OPERATIONS = frozenset({"chat", "text_completion", "embeddings"})
-#: SPEC §5/§10: the endpoints whose answers may be cached. /v1/responses and /v1/messages are
+#: docs/spec.md §5/§10: the endpoints whose answers may be cached. /v1/responses and /v1/messages
+#: are
 #: "chat" operations too (GenAI semantic conventions) but are never cached (BYPASS)
 CACHEABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
@@ -138,7 +139,7 @@ def _is_number(value: Any) -> bool:
 def is_cacheable(
     operation: str, payload: dict[str, Any], mode: str, path: str | None = None
 ) -> bool:
-    """SPEC §10: which requests may be answered from (and stored in) the cache.
+    """docs/spec.md §10: which requests may be answered from (and stored in) the cache.
 
     ``mode = "deterministic"``: embeddings always; chat and text completions only with
     ``temperature == 0`` (absent means the API default 1) and ``n`` absent, null or 1.
@@ -254,8 +255,8 @@ def parse_cache_control(value: bytes | None) -> CacheDirectives:
 
 
 def credential_scope(tenant: str | None, credential: bytes | None) -> str:
-    """The cache scope of a caller (SPEC §10): the tenant when auth knows one, else a digest of
-    the client's credential that cannot be turned back into the key ("anon": none).
+    """The cache scope of a caller (docs/spec.md §10): the tenant when auth knows one, else a
+    digest of the client's credential that cannot be turned back into the key ("anon": none).
 
     >>> credential_scope("team-a", b"sk-1"), credential_scope(None, None)
     ('t:team-a', 'anon')

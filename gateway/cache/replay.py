@@ -1,4 +1,4 @@
-"""Cache entries: one entry serves both forms (SPEC §10).
+"""Cache entries: one entry serves both forms (docs/spec.md §10).
 
 Whatever filled it — a JSON answer or a stream — an entry holds the complete JSON answer, and
 when a stream filled it, the stream's own chunks too. A JSON request gets the JSON bytes as

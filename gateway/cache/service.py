@@ -1,5 +1,5 @@
 """The response cache as the request path sees it: lookup in the router hop, store after the
-response, single flight in between (SPEC §10).
+response, single flight in between (docs/spec.md §10).
 
 Fail-open by construction: every store call may raise :class:`CacheUnavailable` (Redis dead,
 black-holed, breaker open); the request is then served uncached with ``x-gateway-cache:

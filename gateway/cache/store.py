@@ -1,7 +1,8 @@
-"""The cache store seam (DESIGN habit 7): what the cache needs from a key-value store.
+"""The cache store seam (docs/architecture.md, habit 7): what the cache needs from a key-value
+store.
 
 Two implementations: :class:`gateway.cache.memory.MemoryStore` (the embedded default, one
-process) and :class:`gateway.cache.redis.RedisStore` (shared by replicas, SPEC §14). Values
+process) and :class:`gateway.cache.redis.RedisStore` (shared by replicas, docs/spec.md §14). Values
 are opaque bytes; what is inside an entry (status, headers, body, when it was stored) is the
 caller's business.
 

@@ -1,7 +1,7 @@
 """The edge hop: trust, proxy header hygiene, request id, edge timing headers, body intake.
 
 Forwarding and timing headers count only from peers in ``edge.trusted_proxies``
-(DESIGN habit 9, after uvicorn's ``ProxyHeadersMiddleware``). Hop-by-hop headers
+(docs/architecture.md, habit 9, after uvicorn's ``ProxyHeadersMiddleware``). Hop-by-hop headers
 (RFC 9110 §7.6.1) never cross the gateway in either direction.
 """
 
@@ -50,10 +50,11 @@ _ON_CONTEXT = {
     b"content-encoding": "content_encoding",
     b"content-length": "content_length",
 }
-#: forwarded, and also noted for the cache (SPEC §10)
+#: forwarded, and also noted for the cache (docs/spec.md §10)
 _NOTED = frozenset({b"cache-control", b"openai-organization", b"openai-project"})
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,200}")
-#: SPEC §6: edge times more than 1 s ahead of ours or older than 60 s are discarded (and marked)
+#: docs/spec.md §6: edge times more than 1 s ahead of ours or older than 60 s are discarded (and
+#: marked)
 MAX_FUTURE_S = 1.0
 MAX_AGE_S = 60.0
 _TRUST_CACHE_MAX = 4096
@@ -121,7 +122,7 @@ class Edge:
                 if name in _NOTED:
                     _note(ctx, name, value, pair)
             elif name in _CREDENTIALS:
-                # never forwarded, never logged (SPEC §5): kept only to tell callers apart
+                # never forwarded, never logged (docs/spec.md §5): kept only to tell callers apart
                 if name == b"authorization" and value[:7].lower() == b"bearer ":
                     value = value[7:]
                 ctx.credential = value.strip()
@@ -212,7 +213,8 @@ _UNSAFE_ESCAPE = re.compile(rb"%(?:2[fFeE5]|5[cC]|3[fF]|23|[01][0-9A-Fa-f]|7[fF]
 def unsafe_path(scope: Scope) -> str | None:
     """Why a request path may not be forwarded, or None when it stays under the base path.
 
-    The upstream URL is the backend's base URL plus the path after ``/v1`` (SPEC §5), so a path
+    The upstream URL is the backend's base URL plus the path after ``/v1`` (docs/spec.md §5), so a
+    path
     that an upstream (or a proxy before it) would normalise upward — a ``.``/``..`` segment, an
     empty one (``//``), or an escape that decodes to ``/``, ``\\``, ``.`` or ``%`` — could reach
     any path on that host. Such paths are refused (400) rather than normalised: nothing an
@@ -241,7 +243,7 @@ def unsafe_path(scope: Scope) -> str | None:
 
 
 def _note(ctx: RequestContext, name: bytes, value: bytes, pair: tuple[str, str]) -> None:
-    """Forwarded headers the cache keys on (SPEC §10)."""
+    """Forwarded headers the cache keys on (docs/spec.md §10)."""
     if name == b"cache-control":
         cc = ctx.cache_control
         ctx.cache_control = value if cc is None else cc + b", " + value
@@ -280,7 +282,7 @@ def _raw_time(value: bytes | None) -> float | None:
 
 
 async def read_body(ctx: RequestContext, receive: Receive, limit: int) -> bytes:
-    """Read the whole request body, decoding its Content-Encoding as it arrives (SPEC §9).
+    """Read the whole request body, decoding its Content-Encoding as it arrives (docs/spec.md §9).
 
     Refuses past ``limit`` bytes — counted after decoding, so a decompression bomb stops at
     the limit with bounded memory (413) — and unsupported codings (415).

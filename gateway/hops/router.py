@@ -1,7 +1,8 @@
 """The router hop: parse the body once, validate it, pick the route, apply its policies.
 
 Routes match the body's ``model`` against glob patterns (``fnmatch``, case-sensitive), first
-matching route wins (SPEC §4). The body is parsed exactly once here; it is re-serialised only
+matching route wins (docs/spec.md §4). The body is parsed exactly once here; it is re-serialised
+only
 when a policy changed it, otherwise the client's bytes go upstream untouched. What the body
 means is the API's business (:mod:`gateway.protocols`).
 """

@@ -1,4 +1,4 @@
-"""The live view's ring buffer (SPEC §18): the most recent requests, formatted on read.
+"""The live view's ring buffer (docs/spec.md §18): the most recent requests, formatted on read.
 
 :class:`RecentRequests` is a :data:`gateway.telemetry.Sink`. Per finished request it takes one
 flat tuple of the Timeline's numbers (:func:`snapshot`) and appends it to a bounded deque: no
@@ -11,7 +11,7 @@ dropped, the request path never waits for one).
 The waterfall of a record (``hops``) tiles the request: its segments follow each other without
 gap or overlap from the first edge hop's start (or ``received``) to ``done``, so their durations
 add up to ``edge_ms + request_ms`` (``total_ms``) and the gateway's own segments to
-``request_ms``. Segments, in order (SPEC §6 points, the same intervals as the spans)::
+``request_ms``. Segments, in order (docs/spec.md §6 points, the same intervals as the spans)::
 
     <edge hop>...  header time of hop i -> hop i+1 (the last ends at received)   "hop cdn", ...
     intake         received      -> intake_done (the server's parsing, dispatch) "hop intake"

@@ -7,7 +7,7 @@ from gateway.protocols.messages import CountTokens, Messages
 from gateway.protocols.openai import ChatCompletions, Completions, Embeddings
 from gateway.protocols.responses import Responses
 
-#: routed endpoints (SPEC §5) -> their API
+#: routed endpoints (docs/spec.md §5) -> their API
 BY_PATH: dict[str, Api] = {
     "/v1/chat/completions": ChatCompletions(),
     "/v1/completions": Completions(),

@@ -1,4 +1,4 @@
-"""What the gateway needs to know about one model API (SPEC §5, §8).
+"""What the gateway needs to know about one model API (docs/spec.md §5, §8).
 
 Each routed endpoint (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/v1/responses``, ``/v1/messages``) has one :class:`Api`: how its body is validated, how the
@@ -25,7 +25,7 @@ _NUM_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 class Api:
     #: gen_ai.operation.name
     operation = ""
-    #: answers may be cached (SPEC §10)
+    #: answers may be cached (docs/spec.md §10)
     cacheable = False
     #: fields that cap the completion length (the first one is set when none is present)
     max_tokens_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
@@ -36,7 +36,8 @@ class Api:
     # ------------------------------------------------------------ requests
 
     def validate(self, payload: dict[str, Any]) -> None:
-        """Raise :class:`InvalidRequest` for a body the upstream would refuse anyway (SPEC §5)."""
+        """Raise :class:`InvalidRequest` for a body the upstream would refuse anyway (docs/spec.md
+        §5)."""
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest(
@@ -93,7 +94,7 @@ class Api:
             return
         self.note_answer(answer, obj)
 
-    # ------------------------------------------------------------ streams (SPEC §8)
+    # ------------------------------------------------------------ streams (docs/spec.md §8)
 
     def is_end(self, raw: bytes, data: bytes | None, obj: Any) -> bool:
         """Whether this event is the stream's end marker (nothing after it is relayed)."""
@@ -113,7 +114,8 @@ class Api:
 def cap_tokens(
     payload: dict[str, Any], cap: int, fields: tuple[str, ...], notes: dict[str, Any]
 ) -> None:
-    """``max_tokens_cap`` (SPEC §12): clamp the fields present, or set the first when none is."""
+    """``max_tokens_cap`` (docs/spec.md §12): clamp the fields present, or set the first when none
+    is."""
     present = [k for k in fields if payload.get(k) is not None]
     for key in present:
         if payload[key] > cap:
@@ -194,7 +196,7 @@ def window_items(
     pinned: Callable[[Any], bool],
     opens: Callable[[Any], bool],
 ) -> list[Any] | None:
-    """``history_window`` (SPEC §12) over a list of conversation items: the ``pinned`` items
+    """``history_window`` (docs/spec.md §12) over a list of conversation items: the ``pinned`` items
     (system instructions) plus the last ``window`` others, in their original order.
 
     The window starts at an item that ``opens`` a turn: a tool result cut off from the call that

@@ -3,7 +3,8 @@
 Its stream is named events: ``message_start`` (id, model, input usage), ``content_block_start``,
 ``content_block_delta`` …, ``content_block_stop``, ``message_delta`` (stop reason, output usage),
 ``message_stop``; ``ping`` may come at any time. A stream is complete with ``message_stop``
-(SPEC §8); a cut one ends with Anthropic's own ``event: error``, which the anthropic SDK raises.
+(docs/spec.md §8); a cut one ends with Anthropic's own ``event: error``, which the anthropic SDK
+raises.
 
 Tokens follow the GenAI semantic conventions' Anthropic page: ``gen_ai.usage.input_tokens`` is
 ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens`` (Anthropic reports the
@@ -33,7 +34,7 @@ _INT_FIELDS = ("top_k",)
 
 class Messages(Api):
     operation = "chat"
-    cacheable = False  # SPEC §5: not cached (x-gateway-cache: BYPASS)
+    cacheable = False  # docs/spec.md §5: not cached (x-gateway-cache: BYPASS)
     max_tokens_fields = ("max_tokens",)
     end_marker = "event: message_stop"
 
@@ -103,7 +104,7 @@ class Messages(Api):
                 answer.captured.extend(_texts(obj))
         return False
 
-    # ------------------------------------------------------------ streams (SPEC §8)
+    # ------------------------------------------------------------ streams (docs/spec.md §8)
 
     def is_end(self, raw: bytes, data: bytes | None, obj: Any) -> bool:
         if isinstance(obj, dict):

@@ -3,7 +3,7 @@
 Its stream is named events (``event: response.output_text.delta`` …), each with its name again in
 the JSON ``type`` and a running ``sequence_number``; there is no ``data: [DONE]``. A stream is
 complete with its terminal event: ``response.completed``, ``response.incomplete`` or
-``response.failed`` (SPEC §8). Usage is in the terminal event's ``response.usage``
+``response.failed`` (docs/spec.md §8). Usage is in the terminal event's ``response.usage``
 (``input_tokens`` / ``output_tokens``), or in a JSON answer's ``usage``.
 
 ``gen_ai.operation.name`` is ``chat``: the GenAI semantic conventions have no operation of their
@@ -31,7 +31,7 @@ _PINNED_ROLES = frozenset({"system", "developer"})
 
 class Responses(Api):
     operation = "chat"
-    cacheable = False  # SPEC §5: not cached (x-gateway-cache: BYPASS)
+    cacheable = False  # docs/spec.md §5: not cached (x-gateway-cache: BYPASS)
     max_tokens_fields = ("max_output_tokens",)
     #: a response lives on the backend that made it (docs/spec.md §22)
     stateful = True
@@ -107,7 +107,7 @@ class Responses(Api):
             _note_response(answer, response)  # created / in_progress / the terminal event
         return False
 
-    # ------------------------------------------------------------ streams (SPEC §8)
+    # ------------------------------------------------------------ streams (docs/spec.md §8)
 
     def is_end(self, raw: bytes, data: bytes | None, obj: Any) -> bool:
         if isinstance(obj, dict):

@@ -5,8 +5,10 @@
 - :func:`relay_raw`: other ``/v1/*`` paths, passed through chunk by chunk.
 - :func:`replay_json`: a cached answer.
 
-Every relay closes the upstream response in a ``finally`` (DESIGN habit 4). Codings follow
-SPEC §9: an upstream coding the client accepts passes through untouched; otherwise the body is
+Every relay closes the upstream response in a ``finally`` (docs/architecture.md, habit 4). Codings
+follow
+docs/spec.md §9: an upstream coding the client accepts passes through untouched; otherwise the body
+is
 decoded (bounded: a bomb is a 502, not an OOM) and encoded in the client's coding.
 """
 
@@ -75,7 +77,7 @@ async def relay_json(
     if api is not None and 200 <= resp.status < 300:
         api.note_json_body(ctx.answer, body)
     if upstream_coding is not None and accepts(ctx.accept_encoding, upstream_coding):
-        sent = raw  # already in a coding the client takes: never encode twice (SPEC §9)
+        sent = raw  # already in a coding the client takes: never encode twice (docs/spec.md §9)
         headers.append((b"content-encoding", upstream_coding))
     else:
         sent = encode_body(body, ctx.coding, headers, ctx.accept_encoding)
@@ -156,7 +158,7 @@ async def relay_raw(
 
 
 def upstream_answered(ctx: RequestContext, attempt: Attempt, resp: UpstreamResponse) -> None:
-    """The answering attempt's socket times, where its transport keeps them (SPEC §6).
+    """The answering attempt's socket times, where its transport keeps them (docs/spec.md §6).
 
     The upstream hop stamps an attempt around the transport call; a transport that knows when
     the request's last byte went out and the answer's first byte came in (the response's socket
@@ -188,7 +190,8 @@ def upstream_finished(
 def encode_body(
     body: bytes, coding: str, headers: RawHeaders, accept: bytes | None = None
 ) -> bytes:
-    """A whole body in the client's coding; bodies under 1 KiB stay identity (SPEC §9) unless
+    """A whole body in the client's coding; bodies under 1 KiB stay identity (docs/spec.md §9)
+    unless
     the client refused identity outright (``identity;q=0``)."""
     if coding == "identity":
         return body

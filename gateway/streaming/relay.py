@@ -1,6 +1,6 @@
-"""The SSE relay (SPEC §8): one upstream stream to one client, event by event.
+"""The SSE relay (docs/spec.md §8): one upstream stream to one client, event by event.
 
-A relay is a small state machine, one object per stream (DESIGN habit 2)::
+A relay is a small state machine, one object per stream (docs/architecture.md, habit 2)::
 
     awaiting_first ──first event sent──▶ streaming ──end marker──▶ done
           │                                  │

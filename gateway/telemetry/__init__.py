@@ -1,4 +1,5 @@
-"""Telemetry from one Timeline (SPEC §6, §7, §11): headers at start, spans and logs at the end.
+"""Telemetry from one Timeline (docs/spec.md §6, §7, §11): headers at start, spans and logs at the
+end.
 
 :class:`Telemetry` is the one place the request path talks to: :meth:`Telemetry.begin` fixes the
 trace ids as the request arrives, :meth:`Telemetry.headers_at_start` is the response writer's
@@ -52,7 +53,7 @@ class Telemetry:
                 ctx.upstream_headers.append(("tracestate", ts.decode("latin-1")))
 
     def headers_at_start(self, ctx: RequestContext) -> RawHeaders:
-        """Headers derived from the Timeline as the response starts (SPEC §6)."""
+        """Headers derived from the Timeline as the response starts (docs/spec.md §6)."""
         headers: RawHeaders = [(b"server-timing", server_timing(ctx, edge_intervals(ctx)))]
         if self._traced:
             tr = self.tracing.traceresponse(ctx)

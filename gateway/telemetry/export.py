@@ -3,7 +3,7 @@
 A request only ever appends its encoded spans to a bounded deque (O(1), no lock, no I/O);
 when the queue is full the spans are dropped and counted, never waited for. The worker thread
 frames batches into an ``ExportTraceServiceRequest`` (:mod:`gateway.telemetry.otlp`) and sends
-those bytes itself -- no private API of an OpenTelemetry exporter (SPEC §7):
+those bytes itself -- no private API of an OpenTelemetry exporter (docs/spec.md §7):
 
 - OTLP/HTTP: ``POST`` ``application/x-protobuf`` over a keep-alive ``http.client`` connection;
 - OTLP/gRPC: the unary ``TraceService/Export`` call on a ``grpc`` channel with identity (bytes)

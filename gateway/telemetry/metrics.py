@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC §11), derived from the Timeline in one place at request end.
+"""Prometheus metrics (docs/spec.md §11), derived from the Timeline in one place at request end.
 
 The hot path does plain dict and list arithmetic (:class:`Histogram`, :class:`Counter`): no
 locks, no label objects, no string formatting. prometheus-client only renders, at scrape time,
@@ -49,7 +49,8 @@ from gateway.telemetry.spans import EdgeHop
 
 log = logging.getLogger("gateway.metrics")
 
-#: SPEC §11: duration buckets cover 0.1 s … 10 s plus finer ones below (and LLM-long ones above)
+#: docs/spec.md §11: duration buckets cover 0.1 s … 10 s plus finer ones below (and LLM-long ones
+#: above)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 #: the overhead and hop histograms start at 0.1 ms
 FINE_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025)
@@ -123,7 +124,8 @@ class SpendMetrics:
 
 
 class Metrics:
-    """The SPEC §11 metrics of one process; a :data:`gateway.telemetry.Sink` at request end."""
+    """The docs/spec.md §11 metrics of one process; a :data:`gateway.telemetry.Sink` at request
+    end."""
 
     def __init__(
         self,
@@ -265,7 +267,7 @@ class Metrics:
             hops.observe(("upstream",), upstream_s)
 
     def model_label(self, ctx: RequestContext) -> str:
-        """A bounded ``model`` label: never an arbitrary client string (SPEC §11)."""
+        """A bounded ``model`` label: never an arbitrary client string (docs/spec.md §11)."""
         call = ctx.call
         if call is None or ctx.model is None:
             return OTHER

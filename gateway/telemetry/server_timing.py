@@ -1,4 +1,5 @@
-"""Edge hop intervals and the ``Server-Timing`` header, both read off the Timeline (SPEC §6).
+"""Edge hop intervals and the ``Server-Timing`` header, both read off the Timeline (docs/spec.md
+§6).
 
 >>> format_metric("auth", 0.0123)
 'auth;dur=12.300'

@@ -1,4 +1,4 @@
-"""The span tree of one finished request, written from its Timeline (SPEC §7).
+"""The span tree of one finished request, written from its Timeline (docs/spec.md §7).
 
 One builder per span kind: edge hops (reconstructed from headers), ``hop intake``, ``hop auth``,
 ``hop router`` with its ``cache lookup`` child, ``cache store``, one CLIENT span per upstream
@@ -428,7 +428,7 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
 
 
 def _content_attrs(ctx: RequestContext) -> list[bytes]:
-    """Prompts and completions, only with ``tracing.capture_content = true`` (SPEC §7)."""
+    """Prompts and completions, only with ``tracing.capture_content = true`` (docs/spec.md §7)."""
     out = []
     payload = ctx.call.payload if ctx.call is not None else {}
     prompt = payload.get("messages", payload.get("prompt", payload.get("input")))

@@ -1,4 +1,5 @@
-"""Spans from the Timeline (SPEC §7): one SERVER root, one span per hop, one CLIENT per attempt.
+"""Spans from the Timeline (docs/spec.md §7): one SERVER root, one span per hop, one CLIENT per
+attempt.
 
 Spans are not opened and closed live around the code: every timing is already on the
 request's :class:`~gateway.context.Timeline`, so when the request is done the whole span tree
@@ -59,7 +60,7 @@ def _span_id() -> int:
 
 def effective_config(cfg: TracingConfig, env: Mapping[str, str]) -> tuple[TracingConfig, bool]:
     """``cfg`` with the ``OTEL_*`` variables applied where it leaves a key at its default
-    (SPEC §7: an explicit config key wins), and whether sampling follows a parent.
+    (docs/spec.md §7: an explicit config key wins), and whether sampling follows a parent.
 
     ``OTEL_SDK_DISABLED=true`` turns tracing off whatever the file says;
     ``OTEL_TRACES_EXPORTER`` (otlp | console | none) applies to ``exporter``;
@@ -138,7 +139,7 @@ class Tracing:
         environ = os.environ if env is None else env
         cfg, self._parent_based = effective_config(cfg, environ)
         self.cfg = cfg
-        #: hop.index of auth is edge_hop_count + 1, of router + 2 (SPEC §7)
+        #: hop.index of auth is edge_hop_count + 1, of router + 2 (docs/spec.md §7)
         self.edge_hop_count = edge_hop_count
         self.cache_backend = cache_backend
         self.auth_mode = auth_mode
@@ -202,7 +203,7 @@ class Tracing:
     @contextlib.contextmanager
     def attempt_current(self, ctx: RequestContext, attempt: Attempt) -> Iterator[None]:
         """The attempt's CLIENT span as the current OpenTelemetry span while its client library
-        runs, so auto-instrumented spans nest under the gateway's trace (SPEC §7)."""
+        runs, so auto-instrumented spans nest under the gateway's trace (docs/spec.md §7)."""
         from opentelemetry import context, trace
 
         ids = ctx.trace

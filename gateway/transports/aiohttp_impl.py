@@ -1,4 +1,4 @@
-"""HTTP/1.1 upstream transport on aiohttp's client: the hot path (SPEC §1).
+"""HTTP/1.1 upstream transport on aiohttp's client: the hot path (docs/spec.md §1).
 
 aiohttp's C parser and pooled connector add ~0.45 ms per proxied request where httpx2 adds
 ~2.1 ms (measured on this project's CI machine), which is why HTTP/1.1 backends use it.
@@ -19,7 +19,8 @@ from gateway.types import RawHeaders
 
 @contextmanager
 def map_upstream_errors(*, during_body: bool = False) -> Iterator[None]:
-    """Translate aiohttp exceptions into gateway errors, most specific first (DESIGN habit 6)."""
+    """Translate aiohttp exceptions into gateway errors, most specific first (docs/architecture.md,
+    habit 6)."""
     try:
         yield
     except aiohttp.ConnectionTimeoutError as exc:
@@ -101,7 +102,7 @@ class AiohttpTransport:
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=backend.connect_timeout_s, sock_read=backend.read_timeout_s
             ),
-            auto_decompress=False,  # encodings are the gateway's business (SPEC §9)
+            auto_decompress=False,  # encodings are the gateway's business (docs/spec.md §9)
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             raise_for_status=False,

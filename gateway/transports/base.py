@@ -1,4 +1,4 @@
-"""The upstream transport interface (SPEC §1, DESIGN habit 4).
+"""The upstream transport interface (docs/spec.md §1, docs/architecture.md, habit 4).
 
 One implementation per client library, side by side, chosen per backend by :func:`for_backend`
 (``transports/__init__.py``): aiohttp for HTTP/1.1 (the hot path), httpx2 for ``http2 = true``,
@@ -6,7 +6,7 @@ and the in-process mock for ``mock://``. Each implementation translates its libr
 into the gateway's (:mod:`gateway.errors`) inside the transport, so nothing above this layer
 ever sees an aiohttp or httpx2 exception.
 
-Socket times (SPEC §6): every response has ``started_at`` (connecting began, or on a pooled
+Socket times (docs/spec.md §6): every response has ``started_at`` (connecting began, or on a pooled
 connection = ``sent_at``), ``sent_at`` (the request's last byte handed to the socket),
 ``first_byte_at`` (the answer's first byte read) and ``done_at`` (its last byte read), as
 ``time.perf_counter()`` values, or None where the client library does not tell (aiohttp, httpx2,

@@ -1,4 +1,4 @@
-"""HTTP/2 upstream transport on httpx2, for backends with ``http2 = true`` (SPEC §1).
+"""HTTP/2 upstream transport on httpx2, for backends with ``http2 = true`` (docs/spec.md §1).
 
 ``https://`` backends negotiate h2 by ALPN (falling back to HTTP/1.1); plain ``http://``
 backends speak h2c with prior knowledge, as vLLM/Envoy-style h2c listeners expect.
@@ -20,7 +20,8 @@ from gateway.types import RawHeaders
 
 @contextmanager
 def map_upstream_errors(*, during_body: bool = False) -> Iterator[None]:
-    """Translate httpx2 exceptions into gateway errors, most specific first (DESIGN habit 6)."""
+    """Translate httpx2 exceptions into gateway errors, most specific first (docs/architecture.md,
+    habit 6)."""
     try:
         yield
     except httpx2.ConnectTimeout as exc:
