@@ -61,6 +61,12 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_realtime_sessions": ("gauge", frozenset()),
     "gateway_realtime_sessions_total": ("counter", frozenset({"close_code"})),
     "gateway_realtime_message_overhead_seconds": ("histogram", frozenset({"direction"})),
+    # the model servers' load (docs/spec.md §21)
+    "gateway_backend_queue_depth": ("gauge", frozenset({"backend"})),
+    "gateway_backend_running_requests": ("gauge", frozenset({"backend"})),
+    "gateway_backend_kv_cache_usage_ratio": ("gauge", frozenset({"backend"})),
+    "gateway_backend_saturated": ("gauge", frozenset({"backend"})),
+    "gateway_backend_metrics_age_seconds": ("gauge", frozenset({"backend"})),
 }
 #: a crude PromQL reading: anything that looks like one of our metric names
 METRIC_NAME = re.compile(r"\bgateway_[a-z_]+")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import fnmatch
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -467,3 +468,37 @@ def test_the_live_view_shows_each_backends_queue_and_kv_cache(gateway):
             gone = page.locator('#backends tr[data-backend="c"] td.load-queue').inner_text()
             assert gone == "unknown"
             assert errors == []
+
+
+# ---------------------------------------------------------------- the compose stack
+
+
+def test_the_compose_stack_runs_a_capacity_limited_fleet_behind_least_loaded_and_prefix():
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    import yaml
+
+    from gateway.config import load_config
+
+    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    cfg = load_config(deploy / "gateway/gateway.toml", env={})
+    services = yaml.safe_load((deploy / "docker-compose.yml").read_text())["services"]
+    (fleet,) = [r for r in cfg.routes if r.strategy == "least_loaded"]
+    assert fleet.affinity == "prefix" and len(fleet.backends) == 2
+    by_name = {b.name: b for b in cfg.backends}
+    for name in fleet.backends:
+        backend = by_name[name]
+        url, metrics = urlsplit(backend.url), urlsplit(backend.metrics_url or "")
+        assert (metrics.hostname, metrics.port, metrics.path) == (
+            url.hostname,
+            url.port,
+            "/metrics",
+        )
+        command = services[url.hostname]["command"]
+        assert command[:2] == ["gateway", "mock-upstream"]
+        assert int(command[command.index("--capacity") + 1]) >= 1
+    load = services["loadgen-fleet"]
+    model = load["environment"]["LOCUST_MODEL"]
+    first = next(r for r in cfg.routes if any(fnmatch.fnmatchcase(model, p) for p in r.models))
+    assert first is fleet and load["profiles"] == ["load"]

@@ -49,7 +49,7 @@ from tests.prometheus_support import (
     variables_in,
 )
 from tests.redis_support import RedisServer
-from tests.support import GatewayServer, Process
+from tests.support import GatewayServer, Process, free_port, gateway_cli
 
 ROUNDS = 3
 DEPLOY_CONFIG = ROOT / "deploy/gateway/gateway.toml"
@@ -157,9 +157,32 @@ async def _realtime_turn(base_url: str, n: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(mock_upstream: Process) -> Iterator[Stack]:
+def model_server() -> Iterator[Process]:
+    """A capacity-limited mock serving /metrics: the "fleet" route's model servers."""
+    port = free_port()
+    proc = Process(gateway_cli("mock-upstream", "--port", str(port), "--capacity", "4"), port)
+    yield proc
+    proc.stop()
+
+
+def _fleet_env(model_server: Process) -> dict[str, str]:
+    """The deploy config's scraped backends (docs/spec.md §21) pointed at ``model_server``."""
+    scraped = [
+        i for i, b in enumerate(load_config(DEPLOY_CONFIG, env={}).backends) if b.metrics_url
+    ]
+    assert scraped
+    env = {}
+    for i in scraped:
+        env[f"GATEWAY__BACKENDS__{i}__URL"] = model_server.url + "/v1"
+        env[f"GATEWAY__BACKENDS__{i}__METRICS_URL"] = model_server.url + "/metrics"
+    return env
+
+
+@pytest.fixture(scope="module")
+def stack(mock_upstream: Process, model_server: Process) -> Iterator[Stack]:
     with RedisServer() as redis, OTLPReceiver("http") as otlp:
         env = {
+            **_fleet_env(model_server),
             "GATEWAY__SERVER__HOST": "127.0.0.1",  # GatewayServer picks a free port
             "GATEWAY__BACKENDS__0__URL": mock_upstream.url + "/v1",
             "GATEWAY__CACHE__URL": redis.url,
