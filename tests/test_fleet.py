@@ -502,3 +502,16 @@ def test_the_compose_stack_runs_a_capacity_limited_fleet_behind_least_loaded_and
     model = load["environment"]["LOCUST_MODEL"]
     first = next(r for r in cfg.routes if any(fnmatch.fnmatchcase(model, p) for p in r.models))
     assert first is fleet and load["profiles"] == ["load"]
+
+
+def test_the_vllm_fleet_example_is_valid_and_fleet_aware():
+    from pathlib import Path
+
+    from gateway.config import load_config
+
+    path = Path(__file__).resolve().parent.parent / "config/examples/vllm-fleet.toml"
+    cfg = load_config(path, env={})
+    (route,) = cfg.routes
+    assert (route.strategy, route.affinity) == ("least_loaded", "prefix")
+    assert all(b.metrics_url and b.metrics_url.endswith("/metrics") for b in cfg.backends)
+    assert len(cfg.backends) == len(route.backends) >= 2
