@@ -67,6 +67,8 @@ _ROUTE_TEMPLATES = frozenset(
         "/v1/embeddings",
         "/v1/responses",
         "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/realtime",
         "/v1/models",
         "/healthz",
         "/readyz",
@@ -96,8 +98,21 @@ def _sid() -> bytes:
 
 
 def route_template(path: str) -> str:
+    """The span name's route: the path itself for the gateway's own routes, the Responses API's
+    stateful paths with ``{response_id}`` (docs/spec.md §22), ``/v1/{path}`` for the rest — a
+    bounded set of names whatever the client sends.
+
+    >>> route_template("/v1/responses/resp_123/input_items")
+    '/v1/responses/{response_id}/input_items'
+    >>> route_template("/v1/files/file-1"), route_template("/v1/messages/count_tokens")
+    ('/v1/{path}', '/v1/messages/count_tokens')
+    """
     if path in _ROUTE_TEMPLATES:
         return path
+    if path.startswith("/v1/responses/"):
+        rest = path[len("/v1/responses/") :].split("/")
+        if len(rest) == 1 or (len(rest) == 2 and rest[1] in ("cancel", "input_items")):
+            return "/v1/responses/{response_id}" + ("/" + rest[1] if len(rest) == 2 else "")
     return "/v1/{path}" if path.startswith("/v1/") else path
 
 
