@@ -250,6 +250,20 @@ def period_bounds(code: int, now_s: float) -> tuple[int, int]:
     return start * 86400, days_from_civil(y, m, 1) * 86400
 
 
+#: period code -> the (start, reset) last worked out: a period changes once a day at most
+_CURRENT: dict[int, tuple[int, int]] = {}
+
+
+def current_period(code: int, now_s: int) -> tuple[int, int]:
+    """:func:`period_bounds`, remembered while ``now_s`` stays inside the period."""
+    if code == 0:
+        return 0, 0
+    bounds = _CURRENT.get(code)
+    if bounds is None or not bounds[0] <= now_s < bounds[1]:
+        bounds = _CURRENT[code] = period_bounds(code, now_s)
+    return bounds
+
+
 def usd_text(amount_nano: int) -> str:
     """Dollars for people: two decimals, more when the amount is under a dollar.
 
@@ -268,6 +282,7 @@ __all__ = [
     "Price",
     "Prices",
     "cost",
+    "current_period",
     "estimate",
     "nano",
     "period_bounds",

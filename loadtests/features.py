@@ -24,8 +24,11 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import socket
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -52,6 +55,17 @@ AUTH = (
     '[auth]\nmode = "keys"\n[[auth.keys]]\ntenant = "bench"\n'
     f'sha256 = "{hashlib.sha256(KEY).hexdigest()}"\n'
 )
+#: docs/spec.md §20: the model's price, a budget on the key and one on its tenant: every
+#: request is priced at its end, reserves its worst case first and settles it afterwards
+PRICES = '[[prices]]\nmodels = ["gpt-4o-mini*"]\ninput = 0.15\noutput = 0.60\n'
+BUDGETS = (
+    AUTH
+    + "budget_usd = 1000000.0\n"
+    + '[[auth.tenants]]\nname = "bench"\nbudget_usd = 1000000.0\n'
+    + PRICES
+)
+#: the budget variants through Redis use this one (a redis-server started for the run)
+REDIS_URL = "redis://127.0.0.1:{port}/0"
 #: a closed port: spans are built, encoded and queued; the export thread's failures are cheap
 DEAD_OTLP = '[tracing]\nexporter = "otlp"\nendpoint = "http://127.0.0.1:9"\nsample_ratio = 1.0\n'
 
@@ -86,6 +100,23 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "cache-memory-hit": (
         "memory cache, the same body every request (hits)",
         '[cache]\nbackend = "memory"\nmode = "all"\n' + NO_TRACING,
+    ),
+    "prices": (
+        "core with [[prices]]: each request's cost worked out (metrics, log, spans read it)",
+        NO_CACHE + NO_TRACING + PRICES,
+    ),
+    "budget-memory": (
+        "auth-keys with a key and a tenant budget, in the process: reserve, price, settle",
+        NO_CACHE + NO_TRACING + BUDGETS,
+    ),
+    "budget-redis": (
+        "budget-memory through Redis: one script before the upstream call, one at the end",
+        NO_CACHE
+        + NO_TRACING
+        + BUDGETS.replace(
+            '[auth]\nmode = "keys"\n',
+            '[auth]\nmode = "keys"\ntimeout_ms = 1000\nredis_url = "' + REDIS_URL + '"\n',
+        ),
     ),
 }
 
@@ -146,14 +177,41 @@ async def one(app: Gateway) -> int:
     return status
 
 
+@contextlib.contextmanager
+def redis_server() -> Iterator[int]:
+    """A redis-server of this run's own on a free loopback port (no persistence)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    proc = subprocess.Popen([*args, "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 async def measure(names: list[str], requests: int, rounds: int) -> dict[str, float]:
     """Best CPU µs per request of each variant; the variants take turns round by round, so a
     neighbour's burst or a drift of the machine touches them all alike."""
     best = dict.fromkeys(names, float("inf"))
     async with contextlib.AsyncExitStack() as stack:
         apps = {}
+        redis_port = None
         for name in names:
             toml = VARIANTS[name][1]
+            if REDIS_URL in toml:
+                if redis_port is None:
+                    redis_port = stack.enter_context(redis_server())
+                toml = toml.replace(REDIS_URL, REDIS_URL.format(port=redis_port))
             if "[logging]" not in toml:
                 toml += LOG_OFF
             app = Gateway(load_config(text=BASE + toml, env={}))

@@ -214,7 +214,12 @@ class Auth:
             if entry.metered and model_call:
                 ctx.answer.reserved_shared = None  # admit() is due once the body is parsed
             elif entry.limited:
-                await self._admit(ctx, entry, 0, 0)
+                limits = self.limits
+                if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
+                    verdict = limits.admit_now(entry.allowance, 0, 0)
+                else:
+                    verdict = await limits.admit(entry.allowance, 0, 0)
+                _admitted(ctx, entry, verdict, 0, 0)
         finally:
             ctx.timeline.auth_done = time.perf_counter()
 
@@ -244,25 +249,16 @@ class Auth:
                         code="model_not_priced",
                     )
                 reserve = price.reserve_nano(most_in, most_out)
-        verdict = await self._admit(ctx, entry, tokens, reserve)
-        answer = ctx.answer
-        answer.reserved_tokens = tokens
-        answer.reserved_nano = reserve
-        answer.reserved_shared = verdict.shared
-
-    async def _admit(
-        self, ctx: RequestContext, entry: KeyEntry, tokens: int, reserve: int
-    ) -> Verdict:
         limits = self.limits
         if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
             verdict = limits.admit_now(entry.allowance, tokens, reserve)
         else:
             verdict = await limits.admit(entry.allowance, tokens, reserve)
-        headers = _limit_headers(entry, verdict)
-        if not verdict.allowed:
-            raise _refusal(entry, verdict, headers, tokens, reserve)
-        ctx.response_headers.extend(headers)
-        return verdict
+        _admitted(ctx, entry, verdict, tokens, reserve)
+        answer = ctx.answer
+        answer.reserved_tokens = tokens
+        answer.reserved_nano = reserve
+        answer.reserved_shared = verdict.shared
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:
@@ -289,6 +285,8 @@ class Auth:
                 "Auth.admit (the pipeline must call it once the body is parsed): those limits "
                 "are debited but not enforced"
             )
+        if ctx.answer.pricing is None:  # a context made for one part of a session (realtime)
+            ctx.answer.pricing = self.prices
         spent = used(ctx, entry.budgeted)
         if not (spent.tokens or spent.cost or spent.reserved_tokens or spent.reserved_cost):
             return
@@ -337,7 +335,7 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
     cache hit; its usage and cost; its reservation when it completed without telling usage."""
     answer = ctx.answer
     spent = Spent(answer.reserved_tokens, 0, answer.reserved_nano, 0, bool(answer.reserved_shared))
-    if ctx.call is None or ctx.cache.result == "hit":
+    if ctx.cache.result == "hit":
         return spent
     usage = answer.tokens
     if usage.reported:
@@ -346,7 +344,8 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
             usd = cost(ctx)
             spent.cost = nano(usd) if usd else 0
     elif (
-        ctx.attempts
+        ctx.call is not None
+        and ctx.attempts
         and 200 <= answer.status < 300
         and answer.error is None
         and not ctx.disconnected
@@ -354,6 +353,14 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
         spent.tokens = spent.reserved_tokens
         spent.cost = spent.reserved_cost
     return spent
+
+
+def _admitted(ctx: RequestContext, entry: KeyEntry, v: Verdict, tokens: int, reserve: int) -> None:
+    """The limits' headers on the answer, or the refusal (429) with them."""
+    headers = _limit_headers(entry, v)
+    if not v.allowed:
+        raise _refusal(entry, v, headers, tokens, reserve)
+    ctx.response_headers.extend(headers)
 
 
 def _stored_response(ctx: RequestContext) -> bool:

@@ -47,7 +47,7 @@ from typing import Any, Final, Protocol
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.redis import connect
 from gateway.memo import remember
-from gateway.spend import PERIOD_CODES, nano, period_bounds
+from gateway.spend import PERIOD_CODES, current_period, nano, period_bounds
 
 log = logging.getLogger("gateway.auth")
 
@@ -61,6 +61,8 @@ _BREAKER_FAILURES: Final = 3
 _BREAKER_RESET_S: Final = 5.0
 #: per-process state is bounded: one entry per configured key, limit and budget
 _MEMORY_MAX: Final = 100_000
+#: the end of a period that never ends ("total")
+_NEVER: Final = 1 << 62
 
 
 class Budget:
@@ -79,16 +81,24 @@ class Budget:
         self.code = PERIOD_CODES[period]
 
 
+def _budget_args(b: Budget | None) -> tuple[int, int]:
+    return (b.limit, b.code) if b is not None else (0, -1)
+
+
 class Allowance:
     """What one key may use, with its names in the shared store (made once per key)."""
 
     __slots__ = (
+        "budgets",
+        "head",
         "id",
         "kb_key",
         "key_budget",
         "r_key",
         "rpm",
+        "script_keys",
         "t_key",
+        "tail",
         "tb_key",
         "tenant_budget",
         "tpm",
@@ -108,16 +118,21 @@ class Allowance:
         self.tpm = tpm
         self.key_budget = key_budget
         self.tenant_budget = tenant_budget
+        #: the budgets it has, key's first
+        self.budgets = tuple(b for b in (key_budget, tenant_budget) if b is not None)
         base = "gateway:ratelimit:v2:{" + tag + "}:" + limit_id
         self.r_key = base + ":r"
         self.t_key = base + ":t"
         # a budget the key does not have is never touched; its name only fills the key list
         self.kb_key = key_budget.id if key_budget is not None else base + ":-"
         self.tb_key = tenant_budget.id if tenant_budget is not None else base + ":-"
-
-    @property
-    def budgets(self) -> tuple[Budget, ...]:
-        return tuple(b for b in (self.key_budget, self.tenant_budget) if b is not None)
+        # the admission script's keys and constant arguments, encoded once (per request only
+        # the tokens and the cost are): KEYS, then ARGV = head, tokens, cost, tail
+        keys = (self.r_key, self.t_key, self.kb_key, self.tb_key)
+        self.script_keys = tuple(k.encode() for k in keys)
+        self.head = (b"%d" % (rpm or 0), b"%d" % (tpm or 0))
+        limits = (*_budget_args(key_budget), *_budget_args(tenant_budget), RESERVE_TTL_S)
+        self.tail = tuple(b"%d" % v for v in limits)
 
 
 def spend_key(tag: str, owner: str) -> str:
@@ -286,47 +301,54 @@ class MemoryLimits:
         self._clock = clock
         self._wall = wall
         self._tat: dict[str, float] = {}
-        #: budget id -> [period start, spent, reserved, last touched (s)]
+        #: budget id -> [period start, spent, reserved, last touched (s), period end (s)]
         self._spend: dict[str, list[int]] = {}
 
-    def _budget(self, b: Budget, now_s: int) -> tuple[list[int], int]:
+    def _budget(self, b: Budget, now_s: int) -> list[int]:
         """The budget's state in the current period (spent starts again at 0 in a new one;
-        reservations carry over: their requests are still in flight), and its reset."""
-        start, reset = period_bounds(b.code, now_s)
+        reservations carry over: their requests are still in flight)."""
         state = self._spend.get(b.id)
-        if state is None:
-            state = remember(self._spend, b.id, [start, 0, 0, now_s], _MEMORY_MAX)
-        if state[0] != start:
-            state[0], state[1] = start, 0
-        if now_s - state[3] > RESERVE_TTL_S:
+        if state is None or not state[0] <= now_s < state[4]:
+            start, reset = current_period(b.code, now_s)
+            if state is None:
+                state = remember(self._spend, b.id, [start, 0, 0, now_s, 0], _MEMORY_MAX)
+            if state[0] != start:
+                state[0], state[1] = start, 0
+            state[4] = reset or _NEVER
+        elif state[2] and now_s - state[3] > RESERVE_TTL_S:
             state[2] = 0
-        return state, reset
+        return state
 
     def admit_now(self, a: Allowance, tokens: int, cost: int) -> Verdict:
-        now_s = int(self._wall())
         left: int | None = None
         states = []
-        for b in (a.key_budget, a.tenant_budget):
-            if b is None:
-                continue
-            state, reset = self._budget(b, now_s)
-            refused = budget_refusal(b, state[1], state[2], cost, reset, now_s)
-            if refused is not None:
-                return refused
-            room = b.limit - state[1] - state[2]
-            left = room if left is None else min(left, room)
-            states.append(state)
-        now = self._clock()
-        verdict, r_tat, t_tat = check_gcra(
-            now, self._tat.get(a.r_key), self._tat.get(a.t_key), a.rpm, a.tpm, tokens
-        )
-        verdict.budget_left = left
-        if not verdict.allowed:
-            return verdict
-        if r_tat is not None:
-            remember(self._tat, a.r_key, r_tat, _MEMORY_MAX)
-        if t_tat is not None:
-            remember(self._tat, a.t_key, t_tat, _MEMORY_MAX)
+        now_s = 0
+        if a.budgets:
+            now_s = int(self._wall())
+            for b in a.budgets:
+                state = self._budget(b, now_s)
+                room = b.limit - state[1] - state[2]
+                if cost > room:
+                    reset = 0 if state[4] == _NEVER else state[4]
+                    refused = budget_refusal(b, state[1], state[2], cost, reset, now_s)
+                    assert refused is not None
+                    return refused
+                if left is None or room < left:
+                    left = room
+                states.append(state)
+        if a.rpm or a.tpm:
+            verdict, r_tat, t_tat = check_gcra(
+                self._clock(), self._tat.get(a.r_key), self._tat.get(a.t_key), a.rpm, a.tpm, tokens
+            )
+            verdict.budget_left = left
+            if not verdict.allowed:
+                return verdict
+            if r_tat is not None:
+                remember(self._tat, a.r_key, r_tat, _MEMORY_MAX)
+            if t_tat is not None:
+                remember(self._tat, a.t_key, t_tat, _MEMORY_MAX)
+        else:
+            verdict = Verdict(True, budget_left=left)
         for state in states:
             state[2] += cost
             state[3] = now_s
@@ -340,12 +362,13 @@ class MemoryLimits:
                 self._tat.pop(a.t_key, None)
             else:
                 remember(self._tat, a.t_key, tat, _MEMORY_MAX)
-        if spent.reserved_cost or spent.cost:
+        if a.budgets and (spent.reserved_cost or spent.cost):
             now_s = int(self._wall())
             for b in a.budgets:
-                state, _ = self._budget(b, now_s)
+                state = self._budget(b, now_s)
                 state[1] += spent.cost
-                state[2] = max(state[2] - spent.reserved_cost, 0)
+                reserved = state[2] - spent.reserved_cost
+                state[2] = reserved if reserved > 0 else 0
                 state[3] = now_s
 
     def hold(self, a: Allowance, cost: int) -> None:
@@ -354,20 +377,19 @@ class MemoryLimits:
         if cost:
             now_s = int(self._wall())
             for b in a.budgets:
-                state, _ = self._budget(b, now_s)
+                state = self._budget(b, now_s)
                 state[2] += cost
                 state[3] = now_s
 
     def observe(self, b: Budget, start: int, spent: int) -> None:
         """What the shared store says a budget has spent (where a fallback starts from)."""
-        state = self._spend.get(b.id)
-        if state is None:
-            state = remember(self._spend, b.id, [start, 0, 0, int(self._wall())], _MEMORY_MAX)
-        state[0], state[1] = start, spent
+        state = self._budget(b, int(self._wall()))
+        if state[0] == start:  # (a reply from another period is of no use here)
+            state[1] = spent
 
     def view(self, budget: Budget) -> tuple[int, int, int, int]:
-        state, reset = self._budget(budget, int(self._wall()))
-        return state[0], state[1], state[2], reset
+        state = self._budget(budget, int(self._wall()))
+        return state[0], state[1], state[2], 0 if state[4] == _NEVER else state[4]
 
     async def admit(self, a: Allowance, tokens: int, cost: int) -> Verdict:
         return self.admit_now(a, tokens, cost)
@@ -432,6 +454,12 @@ local function load(key, code)
   if now_s - (tonumber(h[4]) or now_s) > ttl then reserved = 0 end
   return {start, reset, spent, reserved}
 end
+-- one bulk reply of integers (an array of them costs the client a parsed line each)
+local function pack(t)
+  local out = {}
+  for i, v in ipairs(t) do out[i] = string.format('%.0f', v) end
+  return table.concat(out, ' ')
+end
 local function save(key, b)
   redis.call('HSET', key, 's', b[1], 'p', string.format('%.0f', b[3]),
     'r', string.format('%.0f', math.max(b[4], 0)), 'u', now_s)
@@ -441,10 +469,10 @@ end
 # The admission (check_gcra + budget_refusal, then the reservation), atomically. KEYS: requests
 # tat, tokens tat, key budget, tenant budget. ARGV: rpm, tpm (0 = none), tokens, cost, key limit,
 # key period code (-1 = no budget), tenant limit, tenant period code, reservation ttl (s).
-# Returns {allowed, retry_us, remaining_requests (-1 none), remaining_tokens (-1 none),
-#          reset_requests_us, reset_tokens_us, refused_by (0 none, 1 requests, 2 tokens,
-#          3 key budget, 4 tenant budget), now_s, key {start, spent, reserved},
-#          tenant {start, spent, reserved}} (the budgets as they were before this request).
+# Returns, space-separated in one string: allowed, retry_us, remaining_requests (-1 none),
+# remaining_tokens (-1 none), reset_requests_us, reset_tokens_us, refused_by (0 none,
+# 1 requests, 2 tokens, 3 key budget, 4 tenant budget), now_s, key start, spent, reserved,
+# tenant start, spent, reserved (the budgets as they were before this request).
 _ADMIT_LUA: Final = (
     _PRELUDE
     + """
@@ -509,13 +537,13 @@ if by == 0 then
     end
   end
 end
-return {by == 0 and 1 or 0, retry, rem_r, rem_t, reset_r, reset_t, by, now_s,
-  kb[1], kb[3], kb[4], tb[1], tb[3], tb[4]}
+return pack({by == 0 and 1 or 0, retry, rem_r, rem_t, reset_r, reset_t, by, now_s,
+  kb[1], kb[3], kb[4], tb[1], tb[3], tb[4]})
 """
 )
 # The end of a request: KEYS as for the admission; ARGV: tpm, tokens used - tokens reserved,
 # key period code (-1 none), key release, key spend, tenant period code, tenant release,
-# tenant spend, reservation ttl. Returns {now_s, key {start, spent}, tenant {start, spent}}.
+# tenant spend, reservation ttl. Returns "now_s key_start key_spent tenant_start tenant_spent".
 _SETTLE_LUA: Final = (
     _PRELUDE
     + """
@@ -547,17 +575,13 @@ for i = 0, 1 do
     out[2 + 2 * i], out[3 + 2 * i] = b[1], b[3]
   end
 end
-return out
+return pack(out)
 """
 )
 
 
 class LimitsUnavailable(Exception):
     """Redis could not answer within the bound (or the breaker is open)."""
-
-
-def _budget_args(b: Budget | None) -> tuple[int, int]:
-    return (b.limit, b.code) if b is not None else (0, -1)
 
 
 class RedisLimits:
@@ -575,6 +599,9 @@ class RedisLimits:
     ) -> None:
         self._timeout = timeout_ms / 1000.0
         self._client = connect(url, self._timeout, password=password, cluster=cluster)
+        # EVALSHA: the scripts' text goes to Redis once (again after a restart), not per call
+        self._admit = self._client.register_script(_ADMIT_LUA)
+        self._settle = self._client.register_script(_SETTLE_LUA)
         self._breaker = breaker or CircuitBreaker(_BREAKER_FAILURES, _BREAKER_RESET_S)
         self.local = MemoryLimits()
         #: budget id -> [reservation to release, spending to add] Redis has not been told yet
@@ -611,15 +638,12 @@ class RedisLimits:
             )
 
     async def admit(self, a: Allowance, tokens: int, cost: int) -> Verdict:
-        klim, kcode = _budget_args(a.key_budget)
-        tlim, tcode = _budget_args(a.tenant_budget)
-        keys = (a.r_key, a.t_key, a.kb_key, a.tb_key)
-        args = (a.rpm or 0, a.tpm or 0, tokens, cost, klim, kcode, tlim, tcode, RESERVE_TTL_S)
+        args = (*a.head, b"%d" % tokens, b"%d" % cost, *a.tail)
         try:
-            reply = await self._call(lambda: self._client.eval(_ADMIT_LUA, 4, *keys, *args))
+            reply = await self._call(lambda: self._admit(a.script_keys, args))
         except LimitsUnavailable:
             return self.local.admit_now(a, tokens, cost)
-        verdict = self._verdict(a, cost, [int(x) for x in reply])
+        verdict = self._verdict(a, cost, [int(x) for x in reply.split()])
         if verdict.allowed:
             self.local.hold(a, cost)
         return verdict
@@ -668,10 +692,9 @@ class RedisLimits:
         k = self._take_owed(a.key_budget, release, spent.cost)
         t = self._take_owed(a.tenant_budget, release, spent.cost)
         delta = spent.tokens - (spent.reserved_tokens if spent.shared else 0)
-        keys = (a.r_key, a.t_key, a.kb_key, a.tb_key)
-        args = (a.tpm or 0, delta, *k, *t, RESERVE_TTL_S)
+        args = (a.head[1], delta, *k, *t, RESERVE_TTL_S)
         try:
-            reply = await self._call(lambda: self._client.eval(_SETTLE_LUA, 4, *keys, *args))
+            reply = await self._call(lambda: self._settle(a.script_keys, args))
         except LimitsUnavailable:
             for b, (_, rel, spend) in ((a.key_budget, k), (a.tenant_budget, t)):
                 if b is not None:  # told to Redis with the next request's end that gets there
@@ -679,7 +702,7 @@ class RedisLimits:
                     owed[0] += rel
                     owed[1] += spend
             return
-        r = [int(x) for x in reply]
+        r = [int(x) for x in reply.split()]
         for b, start, total in ((a.key_budget, r[1], r[2]), (a.tenant_budget, r[3], r[4])):
             if b is not None:
                 self.local.observe(b, start, total + self._owed.get(b.id, (0, 0))[1])
