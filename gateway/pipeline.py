@@ -12,7 +12,7 @@ import time
 from gateway.cache import follow as cache_follow
 from gateway.cache.flight import Flight
 from gateway.cache.replay import Entry, replay_events
-from gateway.cache.service import CachePlan, StreamTee, json_entry
+from gateway.cache.service import CachePlan, Lookup, StreamTee, json_entry
 from gateway.context import Call, RequestContext
 from gateway.encoding import negotiate
 from gateway.errors import NotAcceptable, UpstreamStreamError
@@ -46,6 +46,7 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
             if (previous := call.payload.get("previous_response_id")) is not None:
                 owner = await rt.ownership.owner(previous)  # None: unknown, routed by model
         lookup = await rt.cache.lookup(ctx, call)  # a hit, an identical call in flight, a miss
+        await admit(rt, ctx, call, lookup)  # budgets, tpm, rpm: the worst case reserved
         ctx.timeline.routed = time.perf_counter()
         if lookup.entry is not None:
             await replay(ctx, call, lookup.entry, out, receive)
@@ -62,6 +63,17 @@ def recording(rt: Runtime, call: Call, out: ResponseWriter) -> ResponseWriter:
     if call.payload.get("store") is False:
         return out
     return RecordingWriter(out, rt.ownership, call.route.config.response_affinity_ttl_s)
+
+
+async def admit(rt: Runtime, ctx: RequestContext, call: Call, lookup: Lookup) -> None:
+    """The key's limits once the body is known (docs/spec.md §20): a cache hit reserves nothing.
+    A refused request releases the cache's claim on its key (followers are not left waiting)."""
+    try:
+        await rt.auth.admit(ctx, call, lookup.entry is None)
+    except BaseException:
+        if lookup.plan is not None:
+            await rt.cache.complete(ctx, lookup.plan, None)
+        raise
 
 
 async def from_upstream(

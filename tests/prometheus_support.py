@@ -61,6 +61,10 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_realtime_sessions": ("gauge", frozenset()),
     "gateway_realtime_sessions_total": ("counter", frozenset({"close_code"})),
     "gateway_realtime_message_overhead_seconds": ("histogram", frozenset({"direction"})),
+    # spend (docs/spec.md §20)
+    "gateway_cost_usd_total": ("counter", frozenset({"route", "model", "tenant"})),
+    "gateway_unpriced_requests_total": ("counter", frozenset({"model"})),
+    "gateway_budget_used_ratio": ("gauge", frozenset({"tenant"})),
     # the model servers' load (docs/spec.md §21)
     "gateway_backend_queue_depth": ("gauge", frozenset({"backend"})),
     "gateway_backend_running_requests": ("gauge", frozenset({"backend"})),

@@ -15,6 +15,7 @@ collector received.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
 import urllib.error
@@ -125,7 +126,7 @@ def _round(client: openai.OpenAI, gw: GatewayServer, n: int) -> None:
     req = urllib.request.Request(
         gw.base_url + "/chat/completions",
         data=b"this is not json",
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", "authorization": "Bearer sk-client-key"},
         method="POST",
     )
     with pytest.raises(urllib.error.HTTPError) as bad:
@@ -189,6 +190,13 @@ def stack(mock_upstream: Process, model_server: Process) -> Iterator[Stack]:
             "GATEWAY__TRACING__ENDPOINT": otlp.endpoint,
             "GATEWAY__TRACING__SCHEDULE_DELAY_MS": "100",
             "GATEWAY__LOGGING__ACCESS_LOG": "off",
+            # keys on and a tenant budget, so the spend panels and the budget gauge have data
+            # (the traffic's own key has none: its unpriced model is served and counted)
+            "GATEWAY__AUTH__MODE": "keys",
+            "GATEWAY__AUTH__KEYS__0__TENANT": "demo",
+            "GATEWAY__AUTH__KEYS__0__SHA256": hashlib.sha256(b"sk-client-key").hexdigest(),
+            "GATEWAY__AUTH__TENANTS__0__NAME": "shared-budget",
+            "GATEWAY__AUTH__TENANTS__0__BUDGET_USD": "100",
         }
         gw = GatewayServer(load_config(DEPLOY_CONFIG, env=env)).start()
         prom = PrometheusServer([f"127.0.0.1:{gw.port}"], rule_files=[ALERTS])
