@@ -10,7 +10,13 @@ Models (the ``model`` query parameter the gateway passes on):
 - ``refuse-NNN``: the handshake answered with HTTP status NNN and an OpenAI error body;
 - ``close-CODE``: after the first client message, a close frame CODE "upstream says bye";
 - ``drop``: after the first client message, the TCP connection aborted (no close frame);
-- ``big-N``: after the first client message, one text message of N bytes.
+- ``big-N``: after the first client message, one text message of N bytes;
+- ``flood-N-SIZE``: after the first client message, N binary messages of SIZE bytes as fast as
+  the connection takes them (each starts with its index, 4 bytes big-endian); ``Seen.sent_at``
+  gets a stamp as each send returns, and ``Seen.blocked`` tells whether a send waits now;
+- ``stall``: nothing is read from the gateway until :meth:`RealtimeUpstream.release`; the
+  socket's receive buffer is small, so the gateway's writes soon wait;
+- ``badtext``: after the first client message, a text frame that is not UTF-8.
 
 Every handshake (path, headers, offered subprotocols) and every session's messages and the close
 the gateway sent are recorded for the test to check.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +59,8 @@ class Seen:
     #: perf_counter() when the connection ended, and when each delta was about to be sent
     ended_at: float | None = None
     sent_at: list[float] = field(default_factory=list)
+    #: flood-N-SIZE: a send waits for the gateway to read
+    blocked: bool = False
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k.lower() == name.lower()), None)
@@ -76,6 +85,7 @@ class RealtimeUpstream:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Future[None] | None = None
+        self._stalled: list[Any] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
@@ -92,6 +102,15 @@ class RealtimeUpstream:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set_result, None)
         self._thread.join(10)
+
+    def release(self) -> None:
+        """``stall`` sessions: read from the gateway again."""
+
+        def resume() -> None:
+            for transport in self._stalled:
+                transport.resume_reading()
+
+        self._loop.call_soon_threadsafe(resume)
 
     def __enter__(self) -> RealtimeUpstream:
         return self.start()
@@ -166,6 +185,12 @@ class RealtimeUpstream:
         seen.selected = conn.subprotocol
         self.sessions.append(seen)
         model = seen.model
+        if model == "stall":
+            assert conn.transport is not None
+            sock = conn.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
+            conn.transport.pause_reading()
+            self._stalled.append(conn.transport)
         try:
             await conn.send(orjson.dumps({"type": "session.created", "session": {}}).decode())
             async for message in conn:
@@ -195,6 +220,13 @@ class RealtimeUpstream:
         if model.startswith("big-"):
             await conn.send("x" * int(model.split("-")[1]))
             return False
+        if model.startswith("flood-") and len(seen.received) == 1:
+            _, count, size = model.split("-")
+            await self._flood(conn, seen, int(count), int(size))
+            return False
+        if model == "badtext":
+            await conn.send(b"\xff\xfe not UTF-8", text=True)
+            return False
         kind = None
         if isinstance(message, str):
             with contextlib.suppress(orjson.JSONDecodeError):
@@ -204,6 +236,17 @@ class RealtimeUpstream:
         elif model == "echo":
             await conn.send(message)
         return False
+
+    async def _flood(self, conn: ServerConnection, seen: Seen, count: int, size: int) -> None:
+        assert conn.transport is not None
+        sock = conn.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 18)
+        filler = b"f" * (size - 4)
+        for i in range(count):
+            seen.blocked = True
+            await conn.send(i.to_bytes(4, "big") + filler)
+            seen.blocked = False
+            seen.sent_at.append(time.perf_counter())
 
     async def _respond(self, conn: ServerConnection, seen: Seen) -> None:
         rid = f"resp_{len(seen.received)}"

@@ -1,10 +1,11 @@
 """What the relay notices in the events it passes on (docs/spec.md §19): model responses.
 
-The relay never changes a message; it only reads the ``type`` of text messages, cheaply
-(:func:`event_type`: a prefix check for the ``{"type":"…"`` every OpenAI event starts with, a
-parse only of small messages that put it elsewhere), and parses the few events a response's
-telemetry needs: ``response.created`` (its id), the first ``response.*.delta`` of each response
-(TTFT), ``response.done`` (status and usage).
+The relay never changes a message; it reads the ``type`` of text messages cheaply, as the
+UTF-8 bytes it relays (:func:`event_type`: a prefix check for the ``{"type":"…"`` every OpenAI
+event starts with; a message that puts it elsewhere is parsed only when it names an event the
+telemetry follows at all), and parses only the few events a response's telemetry needs:
+``response.created`` (its id), the first ``response.*.delta`` of a response when several are
+open (which one it belongs to), ``response.done`` (status and usage).
 
 TTFT of a response = its first delta written to the client minus what started it: the client's
 ``response.create`` as the gateway read it, or with server VAD the upstream's
@@ -22,7 +23,12 @@ import orjson
 
 #: messages up to this size whose type is not at their start are parsed to find it
 PARSE_LIMIT = 64 * 1024
-_PREFIXES = ('{"type":"', '{"type": "')
+_PREFIXES = (b'{"type":"', b'{"type": "')
+#: in a client message: the only event whose type the telemetry needs
+_CREATE = b'"response.create"'
+#: in an upstream message: the events the telemetry follows (a message without either is
+#: never parsed)
+_RESPONSE, _COMMITTED = b'"response.', b'"input_audio_buffer.committed"'
 
 #: the deltas a response's first content is (GA names, and the beta's)
 DELTAS = frozenset(
@@ -38,21 +44,33 @@ DELTAS = frozenset(
 )
 
 
-def event_type(message: str) -> str | None:
-    """The ``type`` of an event (None: not an event the relay can read cheaply).
+def leading_type(message: bytes) -> str | None:
+    """The ``type`` of an event that starts with it (None: it does not).
 
-    >>> event_type('{"type":"response.done","response":{}}')
+    >>> leading_type(b'{"type":"response.done","response":{}}')
     'response.done'
-    >>> event_type('{"event_id": "e1", "type": "response.create"}')
-    'response.create'
+    >>> leading_type(b'{"event_id": "e1", "type": "response.create"}') is None
+    True
     """
     for prefix in _PREFIXES:
         if message.startswith(prefix):
             start = len(prefix)
-            end = message.find('"', start)
-            return message[start:end] if end > 0 else None
-    if len(message) > PARSE_LIMIT:
-        return None
+            end = message.find(b'"', start)
+            return message[start:end].decode("utf-8", "replace") if end > 0 else None
+    return None
+
+
+def event_type(message: bytes) -> str | None:
+    """The ``type`` of an event (None: not an event the relay can read cheaply).
+
+    >>> event_type(b'{"type":"response.done","response":{}}')
+    'response.done'
+    >>> event_type(b'{"event_id": "e1", "type": "response.create"}')
+    'response.create'
+    """
+    kind = leading_type(message)
+    if kind is not None or len(message) > PARSE_LIMIT:
+        return kind
     try:
         event = orjson.loads(message)
     except orjson.JSONDecodeError:
@@ -61,7 +79,7 @@ def event_type(message: str) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _object(message: str) -> dict[str, Any]:
+def _object(message: bytes) -> dict[str, Any]:
     try:
         event = orjson.loads(message)
     except orjson.JSONDecodeError:
@@ -128,25 +146,38 @@ OnDone = Callable[[ModelResponse], None]
 class Responses:
     """The responses of one session, followed from the events both ways."""
 
-    __slots__ = ("_on_done", "_open", "_trigger", "count")
+    __slots__ = ("_awaiting_delta", "_on_done", "_open", "_trigger", "count")
 
     def __init__(self, on_done: OnDone) -> None:
         self._on_done = on_done
         #: response id -> the response, from response.created to response.done
         self._open: dict[str, ModelResponse] = {}
+        #: open responses without their first delta yet
+        self._awaiting_delta = 0
         #: when the next response was asked for (response.create read, or a VAD commit)
         self._trigger: float | None = None
         self.count = 0
 
-    def from_client(self, kind: str, read_at: float) -> None:
-        if kind == "response.create" and self._trigger is None:
+    def client_message(self, message: bytes, read_at: float) -> None:
+        """A client text message (UTF-8), once written upstream: a ``response.create`` starts
+        the next response's TTFT (only the first one before that response is created)."""
+        if self._trigger is not None or _CREATE not in message:
+            return
+        if event_type(message) == "response.create":
             self._trigger = read_at
 
-    def from_upstream(self, kind: str, message: str, written_at: float) -> None:
-        """An upstream event, once written to the client (its write time is the one TTFT
-        counts)."""
+    def upstream_message(self, message: bytes, written_at: float) -> None:
+        """An upstream text message (UTF-8), once written to the client (its write time is the
+        one TTFT counts)."""
+        kind = leading_type(message)
+        if kind is None:
+            if _RESPONSE not in message and _COMMITTED not in message:
+                return
+            kind = event_type(message)
+            if kind is None:
+                return
         if kind in DELTAS:
-            if self._open:
+            if self._awaiting_delta:
                 self._first_delta(message, written_at)
         elif kind == "response.created":
             response = _object(message).get("response")
@@ -154,6 +185,7 @@ class Responses:
             self._open[rid if isinstance(rid, str) else f"#{self.count}"] = ModelResponse(
                 rid if isinstance(rid, str) else "", written_at, self._trigger
             )
+            self._awaiting_delta += 1
             self._trigger = None
             self.count += 1
         elif kind == "response.done":
@@ -161,16 +193,18 @@ class Responses:
         elif kind == "input_audio_buffer.committed" and self._trigger is None:
             self._trigger = written_at  # server VAD: the turn the next response answers
 
-    def _first_delta(self, message: str, at: float) -> None:
+    def _first_delta(self, message: bytes, at: float) -> None:
         waiting = [r for r in self._open.values() if r.first_delta is None]
-        if not waiting:
+        if not waiting:  # pragma: no cover - the count says there is one
+            self._awaiting_delta = 0
             return
         if len(waiting) > 1:  # responses in parallel: the delta names its own
             rid = _object(message).get("response_id")
             waiting = [r for r in waiting if r.id == rid] or waiting[:1]
         waiting[0].first_delta = at
+        self._awaiting_delta -= 1
 
-    def _done(self, message: str, at: float) -> None:
+    def _done(self, message: bytes, at: float) -> None:
         response = _object(message).get("response")
         if not isinstance(response, dict):
             return
@@ -180,6 +214,8 @@ class Responses:
             found = self._open.pop(next(iter(self._open)))
         if found is None:
             return
+        if found.first_delta is None:
+            self._awaiting_delta -= 1
         found.done = at
         status = response.get("status")
         found.status = status if isinstance(status, str) else "completed"
@@ -190,7 +226,8 @@ class Responses:
         """Responses the session ended in the middle of."""
         out = list(self._open.values())
         self._open.clear()
+        self._awaiting_delta = 0
         return out
 
 
-__all__ = ["DELTAS", "ModelResponse", "Responses", "event_type"]
+__all__ = ["DELTAS", "ModelResponse", "Responses", "event_type", "leading_type"]

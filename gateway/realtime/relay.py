@@ -1,14 +1,28 @@
-"""The relay of one realtime session: two pumps and one close path (docs/spec.md §19).
+"""The relay of one realtime session: a direct path, two pumps and one close path
+(docs/spec.md §19).
 
 ::
 
-    client ──receive──▶ [client pump] ──send──▶ upstream      messages_in
-    client ◀──send───── [upstream pump] ◀─recv── upstream      messages_out
+    client ──read──▶ [direct: written upstream in the same read callback] ──▶ upstream
+           ╰─────── receive ──▶ [client pump] ──send──╯                    messages_in
+    client ◀── [direct: written to the client in the same read callback] ◀──read── upstream
+           ╰─────── send ◀── [upstream pump] ◀── recv ─╯                   messages_out
 
-Each pump is a small loop with one state (relaying) and three ways out, each an :class:`End`:
-its source closed (a close frame, or the connection lost), its destination refused a write, or
-the session's own limits stopped it (idle, session length). Whichever pump ends first decides;
-the close path then stops the other pump and closes both sides once:
+**The direct path** (when both ends are sockets of this process: the server is uvicorn with
+:class:`~gateway.realtime.server_protocol.RealtimeWebSocketProtocol`, the upstream a
+``websockets`` connection): each whole message is offered to the relay by the protocol that
+read it, inside its ``data_received``, and written to the other side right there — no queue,
+no task switch, no ASGI message, no text decode/encode. A message takes the pump's way
+instead when the other side does not take writes now (its write buffer is over the high-water
+mark, or it is closing) or a message read before it still waits there: order holds, and the
+bounded queues are only the back-pressure.
+
+**The pumps** relay what was queued (all of it without the direct path: a ``mock://``
+upstream, another server) and notice each side's end. Each is a small loop with one state
+(relaying) and three ways out, each an :class:`End`: its source closed (a close frame, or the
+connection lost), its destination refused a write, or the session's own limits stopped it
+(idle, session length). Whichever pump ends first decides; the close path then stops the other
+pump and closes both sides once:
 
 ==========================  ===============================  ================================
 what ended it               the client gets                  the upstream gets
@@ -18,16 +32,18 @@ the client vanished         —                                1001, within 1 s
 the upstream closed (code)  the same code and reason         (its close was echoed)
 the upstream vanished       1011 "upstream connection lost"  —
 a message too big           1009 (by ``websockets``)         1009
+text that is not UTF-8      1007 (by ``websockets``)         1007
 idle_timeout_s              1000 "idle timeout"              1000 "idle timeout"
 max_session_s               1000 "session time limit"        1000 "session time limit"
 ==========================  ===============================  ================================
 
-Each message is written as soon as it is read, never batched; a pump reads the next message
-only once the last one is written, so a slow reader slows its sender (the server stops reading
-the client's socket while a message waits, ``websockets`` the upstream's beyond
-:data:`~gateway.realtime.upstream.UPSTREAM_QUEUE` messages). Pings are answered per hop by the
-libraries and never relayed. Per message, the pumps stamp where it was read and where it was
-written (the per-frame overhead, ``gateway_realtime_message_overhead_seconds``).
+Each message is written as soon as it is read, never batched. A slow reader slows its sender:
+the server stops reading the client's socket while a client message waits, ``websockets`` the
+upstream's beyond :data:`~gateway.realtime.upstream.UPSTREAM_QUEUE` waiting messages; each
+pump writes the next message only once the last one is written. Pings are answered per hop by
+the libraries and never relayed. Per message, the relay stamps where it was read (the socket
+read that completed it) and where it was written: the per-frame overhead,
+``gateway_realtime_message_overhead_seconds``.
 """
 
 from __future__ import annotations
@@ -38,9 +54,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gateway.realtime.events import Responses, event_type
-from gateway.realtime.server_protocol import READ_AT
-from gateway.realtime.upstream import Closed, UpstreamSocket
+from gateway.realtime.events import Responses
+from gateway.realtime.server_protocol import READ_AT, RealtimeWebSocketProtocol
+from gateway.realtime.upstream import Closed, UpstreamSocket, WebSocketsSocket
 from gateway.types import Receive, Send
 
 #: observes one message's overhead (seconds)
@@ -90,13 +106,16 @@ def _nothing(_seconds: float) -> None:
 
 class Relay:
     __slots__ = (
+        "_client",
         "_client_closed",
+        "_direct_up",
         "_idle_s",
         "_idle_timer",
         "_last",
         "_max_bytes",
         "_observe_in",
         "_observe_out",
+        "_queued_in",
         "_receive",
         "_responses",
         "_send",
@@ -134,12 +153,99 @@ class Relay:
         #: the client's side is closed already (its close echoed, or it vanished)
         self._client_closed = False
         self.stats = Stats()
+        #: the direct path's ends (None: the pumps relay every message)
+        self._client: RealtimeWebSocketProtocol | None = None
+        self._direct_up: WebSocketsSocket | None = None
+        self._queued_in = 0
+
+    # ------------------------------------------------------------ each message written
+
+    def _wrote_in(self, data: bytes, text: bool, read_at: float) -> None:
+        """A client message was written upstream."""
+        written = self._last = time.perf_counter()
+        stats = self.stats
+        stats.messages_in += 1
+        overhead = written - read_at
+        stats.overhead_in += overhead
+        if overhead > stats.max_in:
+            stats.max_in = overhead
+        self._observe_in(overhead)
+        if text:
+            self._responses.client_message(data, read_at)
+
+    def _wrote_out(self, data: bytes, text: bool, read_at: float) -> None:
+        """An upstream message was written to the client."""
+        written = self._last = time.perf_counter()
+        stats = self.stats
+        stats.messages_out += 1
+        overhead = written - read_at
+        stats.overhead_out += overhead
+        if overhead > stats.max_out:
+            stats.max_out = overhead
+        self._observe_out(overhead)
+        if text:
+            self._responses.upstream_message(data, written)
+
+    # ------------------------------------------------------------ the direct path
+
+    def _attach(self) -> None:
+        """Both ends are sockets this process reads (the server's protocol, the ``websockets``
+        client): each message is offered to the other side as it is read."""
+        client: object = getattr(self._receive, "__self__", None)
+        up = self._up
+        if not isinstance(up, WebSocketsSocket):
+            return  # a mock:// upstream: the pumps relay every message
+        if getattr(self._send, "__self__", None) is not client:
+            return  # a server wrapping receive or send (uvicorn's trace logging): the pumps
+        if not isinstance(client, RealtimeWebSocketProtocol):
+            return  # another server: the pumps, likewise
+        #: client messages queued for receive() before now (the pump writes them first)
+        self._queued_in = client.queue.qsize()
+        client.relay = self._take_in
+        up.attach(self._take_out)
+        self._client = client
+        self._direct_up = up
+
+    def _detach(self) -> None:
+        client, up = self._client, self._direct_up
+        if client is not None:
+            client.relay = None
+        if up is not None:
+            up.attach(None)
+
+    def _take_in(self, data: bytes, text: bool, read_at: float) -> bool:
+        """A client message, in the read that completed it: written upstream now, unless a
+        message read before it still waits, or the upstream does not take writes now (then it
+        is queued for the client pump and the server stops reading the client)."""
+        up = self._direct_up
+        if (
+            self._queued_in
+            or up is None
+            or len(data) > self._max_bytes
+            or (text and not _utf8(data))
+            or not up.write(data, text)
+        ):
+            self._queued_in += 1
+            return False
+        self._wrote_in(data, text, read_at)
+        return True
+
+    def _take_out(self, data: bytes, text: bool, read_at: float) -> bool:
+        """An upstream message, in the read that completed it: written to the client now,
+        unless the client does not take writes now (then ``recv()`` has it for the upstream
+        pump, after every message queued before it)."""
+        client = self._client
+        if client is None or (text and not _utf8(data)) or not client.write(data, text):
+            return False
+        self._wrote_out(data, text, read_at)
+        return True
 
     # ------------------------------------------------------------ the pumps
 
     async def _from_client(self) -> End:
-        receive, up, stats, observe = self._receive, self._up, self.stats, self._observe_in
-        responses, max_bytes = self._responses, self._max_bytes
+        """Client messages queued for ``receive()`` (all of them without the direct path), and
+        the client's end."""
+        receive, up = self._receive, self._up
         while True:
             message = await receive()
             if message["type"] != "websocket.receive":  # websocket.disconnect
@@ -147,53 +253,42 @@ class Relay:
                 return End(BY_CLIENT, code, message.get("reason") or "")
             read_at: float = message.get(READ_AT) or time.perf_counter()
             text: str | None = message.get("text")
-            data: str | bytes | None = text if text is not None else message.get("bytes")
+            data: bytes | None = text.encode() if text is not None else message.get("bytes")
             if data is None:
                 continue
-            if len(data) > max_bytes:  # a server without ws_max_size: the limit holds anyway
+            if len(data) > self._max_bytes:  # a server without ws_max_size: the limit holds
                 return End(BY_LIMIT, 1009, "message over max_message_bytes")
             try:
-                await up.send(data)
+                await up.send(data, text is not None)
             except Closed as exc:
                 return _upstream_end(exc)
-            written = self._last = time.perf_counter()
-            stats.messages_in += 1
-            overhead = written - read_at
-            stats.overhead_in += overhead
-            if overhead > stats.max_in:
-                stats.max_in = overhead
-            observe(overhead)
-            if text is not None and event_type(text) == "response.create":
-                responses.from_client("response.create", read_at)
+            if self._queued_in:
+                self._queued_in -= 1
+            self._wrote_in(data, text is not None, read_at)
 
     async def _from_upstream(self) -> End:
-        send, up, stats, observe = self._send, self._up, self.stats, self._observe_out
-        responses = self._responses
+        """Upstream messages ``recv()`` has (all of them without the direct path), and the
+        upstream's end."""
+        send, up = self._send, self._up
         while True:
             try:
-                data = await up.recv()
+                message = await up.recv()
             except Closed as exc:
                 return _upstream_end(exc)
             read_at = up.read_at
             try:
-                if type(data) is str:
-                    await send({"type": "websocket.send", "text": data})
+                if type(message) is str:
+                    await send({"type": "websocket.send", "text": message})
                 else:
-                    await send({"type": "websocket.send", "bytes": data})
+                    await send({"type": "websocket.send", "bytes": message})
             except OSError:  # uvicorn's ClientDisconnected: the client is gone
                 self._client_closed = True
                 return End(BY_CLIENT, 1006, "")
-            written = self._last = time.perf_counter()
-            stats.messages_out += 1
-            overhead = written - read_at
-            stats.overhead_out += overhead
-            if overhead > stats.max_out:
-                stats.max_out = overhead
-            observe(overhead)
-            if type(data) is str:
-                kind = event_type(data)
-                if kind is not None and kind.startswith(("response.", "input_audio_buffer.c")):
-                    responses.from_upstream(kind, data, written)
+            up.relayed()
+            if isinstance(message, str):
+                self._wrote_out(message.encode(), True, read_at)
+            else:
+                self._wrote_out(message, False, read_at)
 
     # ------------------------------------------------------------ the limits
 
@@ -217,6 +312,7 @@ class Relay:
         loop = asyncio.get_running_loop()
         self._stop = stop = loop.create_future()
         self._last = time.perf_counter()
+        self._attach()
         from_up = loop.create_task(self._from_upstream())
         from_client = loop.create_task(self._from_client())
         self._idle_timer = loop.call_later(self._idle_s, self._check_idle)
@@ -224,6 +320,7 @@ class Relay:
         try:
             await asyncio.wait((from_up, from_client, stop), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._detach()
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
             session_timer.cancel()
@@ -272,6 +369,18 @@ class Relay:
         self._client_closed = True
         with contextlib.suppress(OSError, RuntimeError):  # it went away meanwhile
             await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+def _utf8(data: bytes) -> bool:
+    """Whether a text message is valid UTF-8 (a message that is not goes the slow way, where
+    the receiving library fails the connection with 1007 as it would without a relay)."""
+    if data.isascii():
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _upstream_end(exc: Closed) -> End:

@@ -1,10 +1,10 @@
-"""The client side of a realtime session: uvicorn's WebSocket protocol with socket stamps.
+"""The client side of a realtime session: uvicorn's WebSocket protocol with socket stamps and a
+direct path for the relay.
 
 uvicorn serves the upgrade (``GET /v1/realtime`` with ``Upgrade: websocket``) with
 ``websockets``' sans-I/O protocol (:class:`~uvicorn.protocols.websockets.websockets_sansio_impl.
 WebSocketsSansIOProtocol`): the frames are parsed, masked and written by ``websockets``, never by
-the gateway. This subclass only adds the two socket times the Timeline needs (docs/spec.md §6,
-§19), as keys of the ASGI messages the app receives:
+the gateway. This subclass adds:
 
 - :data:`~gateway.context.RECEIVED_AT` on ``websocket.connect``: the upgrade request's first
   byte, as the HTTP protocol stamped it (the upgrade comes from uvicorn's httptools protocol,
@@ -13,7 +13,23 @@ the gateway. This subclass only adds the two socket times the Timeline needs (do
 - :data:`READ_AT` on each ``websocket.receive``: when the read that completed the message
   happened. The stamp of the last read is exact for every message the app receives: uvicorn
   pauses reading as soon as a message is queued and resumes only once the app has taken every
-  queued message, so no later read can happen before the app has the message.
+  queued message, so no later read can happen before the app has the message;
+- the relay's direct path (docs/spec.md §19, "each written as soon as it is read"): while a
+  relay is attached (:attr:`relay`), each whole message read is offered to it in the same
+  ``data_received`` call, and the relay writes it to the upstream at once when the upstream
+  takes writes and nothing read before it still waits; only otherwise is it queued for
+  ``receive()`` as uvicorn does (and reading pauses: the bounded queue is the back-pressure).
+  :meth:`write` is the other way: one message written as one frame now, when the connection is
+  open and its write buffer under the high-water mark, else ``False`` (the relay then sends it
+  through ASGI ``send``, which waits).
+
+Why reach past ASGI: the ASGI hops cost a queue, a task switch, a message dict and a text
+decode/encode per message each way (``loadtests/realtime.py`` measures it). What this reaches
+into is uvicorn's protocol (``send_receive_event_to_app``, ``frames``, ``curr_msg_data_type``,
+``conn``, ``queue``, ``writable``, ``close_sent``): pinned by ``uvicorn<0.56`` in
+``pyproject.toml``; the same names are there from 0.50 (the lowest bound) to 0.55. uvicorn 0.50
+has no ``pause_writing`` / ``resume_writing`` of its own (so ``writable`` never cleared there);
+the two below are 0.55's, so a slow client slows its sender on every version allowed.
 
 Why ``websockets`` rather than ``wsproto`` (both are maintained, both work under uvicorn): the
 same library is the upstream client (:mod:`gateway.realtime.upstream`), its frame masking and
@@ -26,22 +42,30 @@ would inflate and deflate every frame (``loadtests/realtime.py`` measures the pe
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from uvicorn._types import ASGIReceiveEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import OPEN
 
 from gateway.context import RECEIVED_AT
 
 #: the key of ``time.perf_counter()`` of the read that completed a ``websocket.receive``
 READ_AT = "gateway.read_at"
 
+#: the relay's hook: (message, is text, read at) -> True when it took (wrote) the message
+Take = Callable[[bytes, bool, float], bool]
+
 
 class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol, stamping socket reads (see the module)."""
+    """uvicorn's sans-I/O WebSocket protocol, stamping socket reads, with the relay's direct
+    path (see the module)."""
 
     read_at = 0.0
     received_at = 0.0
+    #: the relay offered each whole message read (None: every message goes to ``receive()``)
+    relay: Take | None = None
 
     def connection_made(self, transport: Any) -> None:
         # the upgrading HTTP protocol is still the transport's: its scope has the socket stamp
@@ -50,9 +74,47 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
         self.received_at = stamp if isinstance(stamp, float) else time.perf_counter()
         super().connection_made(transport)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.writable.set()  # uvicorn < 0.55: a send waiting for a buffer that never drains
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
     def data_received(self, data: bytes) -> None:
         self.read_at = time.perf_counter()
         super().data_received(data)
+
+    def send_receive_event_to_app(self) -> None:
+        relay = self.relay
+        if relay is not None and not self.close_sent:
+            frames = self.frames
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            if relay(data, self.curr_msg_data_type == "text", self.read_at):
+                self.frames = []
+                return
+        super().send_receive_event_to_app()
+
+    def write(self, data: bytes, text: bool) -> bool:
+        """One message to the client as one frame, now; False when the connection is not open
+        or its write buffer is over the high-water mark (nothing written then)."""
+        conn = self.conn
+        if (
+            not self.writable.is_set()
+            or self.close_sent
+            or conn.state is not OPEN
+            or self.transport.is_closing()
+        ):
+            return False
+        if text:
+            conn.send_text(data)
+        else:
+            conn.send_binary(data)
+        self.transport.write(b"".join(conn.data_to_send()))
+        return True
 
     async def receive(self) -> ASGIReceiveEvent:
         message = cast(dict[str, Any], await super().receive())
@@ -63,4 +125,4 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
         return cast(ASGIReceiveEvent, message)
 
 
-__all__ = ["READ_AT", "RealtimeWebSocketProtocol"]
+__all__ = ["READ_AT", "RealtimeWebSocketProtocol", "Take"]

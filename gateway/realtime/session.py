@@ -24,6 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -136,8 +137,9 @@ class Realtime:
         if metrics is not None:
             hist = metrics.realtime.message_overhead
             c2u, u2c = ("client_to_upstream",), ("upstream_to_client",)
-            self._observe_in = lambda s: hist.observe(c2u, s)
-            self._observe_out = lambda s: hist.observe(u2c, s)
+            # one C call per message: no Python frame between the relay and the histogram
+            self._observe_in = partial(hist.observe, c2u)
+            self._observe_out = partial(hist.observe, u2c)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         connect = await receive()

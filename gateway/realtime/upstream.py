@@ -29,11 +29,13 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import Frame, Opcode
+from websockets.protocol import OPEN
 from websockets.typing import Subprotocol
 
 from gateway.context import Attempt, RequestContext
@@ -54,9 +56,11 @@ from gateway.hops.upstream import (
 )
 from gateway.mock.engine import MockSettings
 from gateway.mock.realtime import MockRealtime, handshake_refusal
+from gateway.realtime.server_protocol import Take
 from gateway.routes import Backend
 
 Message = str | bytes
+_TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
 
 #: incoming messages buffered from the upstream before reading from its socket pauses (each
 #: at most ``max_message_bytes``): a slow client slows the upstream instead of growing memory
@@ -127,7 +131,13 @@ class UpstreamSocket(Protocol):
 
     async def recv(self) -> Message: ...
 
-    async def send(self, message: Message) -> None: ...
+    async def send(self, data: bytes, text: bool) -> None:
+        """One message (UTF-8 ``data`` when ``text``)."""
+        ...
+
+    def relayed(self) -> None:
+        """The relay wrote a message :meth:`recv` gave it."""
+        ...
 
     async def close(self, code: int, reason: str) -> None: ...
 
@@ -136,13 +146,63 @@ class UpstreamSocket(Protocol):
 
 
 class _StampedConnection(ClientConnection):
-    """``websockets``' client connection with the time of each socket read."""
+    """``websockets``' client connection with the time of each socket read and the relay's
+    direct path.
+
+    While a relay is attached (:attr:`relay`), each whole message is offered to it in the
+    ``data_received`` call that read it, when nothing read before it is still queued; the relay
+    writes it to the client at once or declines (the client's write buffer is full, the client
+    is closing), and then the message goes to ``recv()`` as usual: ``websockets`` pauses reading
+    beyond :data:`UPSTREAM_QUEUE` queued messages, the bounded queue that slows the upstream.
+    :attr:`queued` counts the messages handed to ``recv()`` that the relay has not written yet
+    (it calls :meth:`WebSocketsSocket.relayed` after each), so a message is never written
+    before one read earlier.
+
+    What this reaches into: ``process_event`` (``websockets``' hook, "overridden in
+    subclasses", the same from 15.0 to 17.x) and ``paused`` (its flow-control flag, set by
+    ``pause_writing``); the bound is in ``pyproject.toml``.
+    """
 
     read_at = 0.0
+    relay: Take | None = None
+    queued = 0
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.perf_counter()
         super().data_received(data)
+
+    def process_event(self, event: Any) -> None:
+        if type(event) is Frame and event.fin:
+            opcode = event.opcode
+            if opcode is _TEXT or opcode is _BINARY:
+                relay = self.relay
+                # a parsed frame's payload is bytes (unmasked, no deflate on this hop)
+                data = cast(bytes, event.data)
+                if (
+                    relay is not None
+                    and not self.queued
+                    and relay(data, opcode is _TEXT, self.read_at)
+                ):
+                    return
+                self.queued += 1
+            elif opcode is _CONT:  # the last frame of a fragmented message: recv() has it
+                self.queued += 1
+        super().process_event(event)
+
+    def write(self, data: bytes, text: bool) -> bool:
+        """One message upstream as one frame, now; False when the connection is not open or
+        its write buffer is over the high-water mark (nothing written then)."""
+        protocol = self.protocol
+        if self.paused or protocol.state is not OPEN:
+            return False
+        if text:
+            protocol.send_text(data)
+        else:
+            protocol.send_binary(data)
+        transport = self.transport
+        for chunk in protocol.data_to_send():
+            transport.write(chunk)
+        return True
 
 
 class _Connect(connect):
@@ -178,14 +238,34 @@ class WebSocketsSocket:
         except ConnectionClosed as exc:
             raise _closed(exc) from None
 
-    async def send(self, message: Message) -> None:
+    async def send(self, data: bytes, text: bool) -> None:
         try:
-            await self._ws.send(message)
+            await self._ws.send(data, text=text)
         except ConnectionClosed as exc:
             raise _closed(exc) from None
 
+    # the direct path (see _StampedConnection)
+
+    def attach(self, relay: Take | None) -> None:
+        """Offer each whole message read to ``relay`` (None: detach)."""
+        self._ws.relay = relay
+
+    def queued(self) -> int:
+        """Messages handed to :meth:`recv` that the relay has not written yet."""
+        return self._ws.queued
+
+    def relayed(self) -> None:
+        """The relay wrote a message :meth:`recv` gave it."""
+        ws = self._ws
+        if ws.queued:
+            ws.queued -= 1
+
+    def write(self, data: bytes, text: bool) -> bool:
+        return self._ws.write(data, text)
+
     async def close(self, code: int, reason: str) -> None:
         ws = self._ws
+        ws.relay = None
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await ws.close(code, reason)
@@ -290,10 +370,13 @@ class MockSocket:
         self.read_at = time.perf_counter()
         return item
 
-    async def send(self, message: Message) -> None:
+    async def send(self, data: bytes, text: bool) -> None:
         if self._closed is not None:
             raise self._closed
-        await self._session.receive(message)
+        await self._session.receive(data.decode() if text else data)
+
+    def relayed(self) -> None:
+        return None
 
     async def close(self, code: int, reason: str) -> None:
         if self._closed is None:

@@ -1,10 +1,13 @@
 """The relay (docs/spec.md §19): unbatched, in order, both kinds of message, close codes both
-ways, 1011 on a lost upstream, the upstream closed when the client vanishes, the limits."""
+ways, 1011 on a lost upstream, the upstream closed when the client vanishes, the limits, a slow
+reader slowing its sender (both ways, in order across the direct path and the queue), invalid
+UTF-8 never relayed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from typing import Any
 
@@ -193,3 +196,125 @@ def test_a_session_past_max_session_s_is_closed_1000(gateway, realtime_upstream)
                 task.cancel()
 
     assert run(main()) == (1000, "session time limit")
+
+
+# ---------------------------------------------------------------- back-pressure (docs/spec.md §19)
+
+
+def settled(progress: Any, limit: int, timeout: float = 30.0) -> int:
+    """``progress()`` once it stops moving short of ``limit`` (the sender waits for its reader)
+    or reaches it; bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last, still = -1, 0
+    while time.monotonic() < deadline:
+        now = progress()
+        if now >= limit:
+            return int(now)
+        still = still + 1 if now == last and now else 0
+        if still >= 10:  # half a second without a message sent (once the first one went)
+            return int(now)
+        last = now
+        time.sleep(0.05)
+    return int(progress())
+
+
+async def small_socket(port: int, option: int) -> socket.socket:
+    """A connected client socket with a small kernel buffer (``SO_RCVBUF`` / ``SO_SNDBUF``)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, option, 1 << 18)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+FLOOD, SIZE = 64, 1 << 20
+
+
+def test_a_slow_client_slows_the_upstream_and_gets_every_message_in_order(
+    gateway, realtime_upstream
+):
+    """The upstream floods 64 MiB at a client that reads nothing: the gateway stops reading the
+    upstream instead of buffering (its sends wait), then everything arrives, in order."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url))
+
+    async def main() -> tuple[int, bool, list[int]]:
+        sock = await small_socket(gw.port, socket.SO_RCVBUF)
+        url = ws_url(gw, f"flood-{FLOOD}-{SIZE}")
+        async with connect(url, sock=sock, open_timeout=10, max_size=None, max_queue=1) as ws:
+            await ws.recv()  # session.created
+            await ws.send("{}")  # the flood starts
+
+            def sent() -> int:
+                return len(up.sessions[0].sent_at) if up.sessions else 0
+
+            held = await asyncio.to_thread(settled, sent, FLOOD)
+            blocked = up.sessions[0].blocked
+            got = []
+            for _ in range(FLOOD):
+                message = await ws.recv()
+                assert len(message) == SIZE
+                got.append(int.from_bytes(message[:4], "big"))
+            return held, blocked, got
+
+    held, blocked, got = run(main(), timeout=90)
+    assert held < FLOOD and blocked, f"the upstream sent {held} of {FLOOD} MiB unread"
+    assert got == list(range(FLOOD))
+
+
+def test_a_slow_upstream_slows_the_client_and_gets_every_message_in_order(
+    gateway, realtime_upstream
+):
+    """The client pushes 64 MiB to an upstream that reads nothing: the gateway stops reading the
+    client (its sends wait), then everything arrives upstream, in order."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url))
+    filler = b"c" * (SIZE - 4)
+
+    async def main() -> int:
+        sock = await small_socket(gw.port, socket.SO_SNDBUF)
+        async with connect(ws_url(gw, "stall"), sock=sock, open_timeout=10, max_size=None) as ws:
+            await ws.recv()  # session.created
+            sent = 0
+
+            async def push() -> None:
+                nonlocal sent
+                for i in range(FLOOD):
+                    await ws.send(i.to_bytes(4, "big") + filler)
+                    sent += 1
+
+            task = asyncio.create_task(push())
+            held = await asyncio.to_thread(settled, lambda: sent, FLOOD)
+            up.release()
+            await task
+            return held
+
+    held = run(main(), timeout=90)
+    assert held < FLOOD, f"the client sent {held} of {FLOOD} MiB unread"
+    (seen,) = up.wait_ended(timeout=30)
+    assert [int.from_bytes(m[:4], "big") for m in seen.received] == list(range(FLOOD))
+
+
+def test_text_that_is_not_utf8_closes_1007_either_way(gateway, realtime_upstream):
+    """Invalid UTF-8 is never relayed: the side that got it fails its hop with 1007, as a
+    WebSocket endpoint must, and the other side gets the same code."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url))
+
+    async def main() -> tuple[tuple[int | None, str | None], tuple[int | None, str | None]]:
+        async with connect(ws_url(gw, "echo"), open_timeout=10) as ws:  # the client's
+            await ws.recv()
+            await ws.send('{"type":"fine"}')
+            assert await ws.recv() == '{"type":"fine"}'
+            await ws.send(b"\xff\xfe not UTF-8", text=True)
+            from_client = await closed_with(ws)
+        async with connect(ws_url(gw, "badtext"), open_timeout=10) as ws:  # the upstream's
+            await ws.recv()
+            await ws.send("{}")
+            return from_client, await closed_with(ws)
+
+    from_client, from_upstream = run(main())
+    assert from_client[0] == 1007 and from_upstream[0] == 1007
+    first, _ = up.wait_ended(2)
+    assert first.received == ['{"type":"fine"}']  # the bad one never went upstream
+    assert first.close is not None and first.close[0] == 1007

@@ -4,6 +4,7 @@ metrics a real scrape reads, one access-log line, the live view's record."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def test_metrics_count_sessions_overhead_ttft_and_tokens(gateway, realtime_upstr
     assert run(open_one()) == 1.0
     run(two_responses(gw))
     up.wait_ended(2)
-    text = httpx2.get(gw.url + "/metrics").text
+    text = _once_closed(gw.url, 2)
     assert _value(text, "gateway_realtime_sessions") == 0.0
     assert _value(text, "gateway_realtime_sessions_total", close_code="4000") == 1.0
     assert _value(text, "gateway_realtime_sessions_total", close_code="1000") == 1.0
@@ -132,6 +133,23 @@ def test_metrics_count_sessions_overhead_ttft_and_tokens(gateway, realtime_upstr
     assert {"gateway_realtime_sessions", "gateway_realtime_message_overhead_seconds"} <= names
 
 
+def _once_closed(url: str, sessions: int) -> str:
+    """/metrics once ``sessions`` sessions have ended (the gateway counts a session once both
+    sides are closed: just after the upstream saw its close)."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx2.get(url + "/metrics").text
+        ended = sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "gateway_realtime_sessions_total"
+        )
+        if ended >= sessions or time.monotonic() > deadline:
+            return text
+        time.sleep(0.01)
+
+
 def _value(text: str, name: str, **labels: str) -> float:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -147,6 +165,10 @@ def test_one_access_log_line_per_session_and_a_live_view_record(
     gw = gateway(config_for(up.url, extra='[logging]\naccess_log = "all"\n[ui]\nenabled = true'))
     run(two_responses(gw))
     up.wait_ended()
+    # the line is written once the session has closed both sides: after the upstream ended
+    deadline = time.monotonic() + 10
+    while not access_lines and time.monotonic() < deadline:
+        time.sleep(0.01)
     lines = [x for x in access_lines if x["path"] == "/v1/realtime"]
     assert len(lines) == 1
     (rec,) = lines
