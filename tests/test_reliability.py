@@ -399,8 +399,9 @@ def test_the_wait_before_a_retry_is_backoff_not_gateway_time(tmp_path, retry_aft
         assert raw.status_code == 200 and len(a.requests) == 2
         timing = server_timing(raw.headers["server-timing"])
         assert timing["backoff"] > 0
-        if retry_after is not None:  # honoured: at least what the upstream asked for
-            assert timing["backoff"] >= 0.1
+        if retry_after is not None:  # honoured: what the upstream asked for (the event loop's
+            # timer may fire up to a millisecond early: uvloop rounds timers to its ms clock)
+            assert timing["backoff"] >= 0.098
         # the request's time is upstream + backoff + the gateway's own, each counted once
         parts = timing["upstream"] + timing["backoff"] + timing["gateway"]
         assert parts <= elapsed + 0.001  # (each rounded to the µs)
