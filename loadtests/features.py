@@ -66,6 +66,18 @@ BUDGETS = (
 )
 #: the budget variants through Redis use this one (a redis-server started for the run)
 REDIS_URL = "redis://127.0.0.1:{port}/0"
+#: docs/spec.md §21: variants over two in-process backends, named by their own BASE
+FLEET_ROUTE = '[[routes]]\nname = "default"\nmodels = ["*"]\nbackends = ["a", "b"]\n'
+FLEET = (
+    '[[backends]]\nname = "a"\nurl = "mock://a"\nprovider = "mock"\n'
+    '[[backends]]\nname = "b"\nurl = "mock://b"\nprovider = "mock"\n' + FLEET_ROUTE
+)
+#: both scraped in process (a capacity no load reaches), every 250 ms
+SCRAPED = (
+    '[[backends]]\nname = "a"\nurl = "mock://fa?capacity=100000"\nprovider = "mock"\n'
+    '[[backends]]\nname = "b"\nurl = "mock://fb?capacity=100000"\nprovider = "mock"\n' + FLEET_ROUTE
+)
+LEAST_LOADED_PREFIX = 'strategy = "least_loaded"\naffinity = "prefix"\n'
 #: a closed port: spans are built, encoded and queued; the export thread's failures are cheap
 DEAD_OTLP = '[tracing]\nexporter = "otlp"\nendpoint = "http://127.0.0.1:9"\nsample_ratio = 1.0\n'
 
@@ -108,6 +120,18 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "budget-memory": (
         "auth-keys with a key and a tenant budget, in the process: reserve, price, settle",
         NO_CACHE + NO_TRACING + BUDGETS,
+    ),
+    "two-backends": (
+        "core over two backends (ordered): the baseline of the fleet variants",
+        FLEET + NO_CACHE + NO_TRACING,
+    ),
+    "affinity-prefix": (
+        "two-backends with least_loaded + prefix affinity: key, rendezvous, order (load unknown)",
+        FLEET + LEAST_LOADED_PREFIX + NO_CACHE + NO_TRACING,
+    ),
+    "fleet-scraped": (
+        "affinity-prefix over two capacity mocks scraped in process (the mock's slot included)",
+        SCRAPED + LEAST_LOADED_PREFIX + NO_CACHE + NO_TRACING,
     ),
     "budget-redis": (
         "budget-memory through Redis: one script before the upstream call, one at the end",
@@ -214,7 +238,8 @@ async def measure(names: list[str], requests: int, rounds: int) -> dict[str, flo
                 toml = toml.replace(REDIS_URL, REDIS_URL.format(port=redis_port))
             if "[logging]" not in toml:
                 toml += LOG_OFF
-            app = Gateway(load_config(text=BASE + toml, env={}))
+            base = "" if "[[backends]]" in toml else BASE  # the fleet variants bring theirs
+            app = Gateway(load_config(text=base + toml, env={}))
             await stack.enter_async_context(app.running())
             for _ in range(200):  # warm-up: caches, the first (cold) request
                 assert await one(app) == 200

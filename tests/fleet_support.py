@@ -184,6 +184,8 @@ class ModelServer:
         # the test thread flips ``mode``: polled, as no event of this loop can be set from there
         while mode == "hang" and self.mode == "hang":  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+        if mode == "hang":  # no longer hanging: answer as the server does now
+            mode = self.mode
         if mode == "fail":
             await _answer(send, 500, b"internal error\n")
         elif mode == "garbage":

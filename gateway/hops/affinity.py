@@ -42,11 +42,9 @@ def _hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-def _mix(x: int) -> int:
-    """SplitMix64's finaliser: a key's and a backend's hashes combined into a uniform score."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
+#: one multiply-xorshift round (MurmurHash3's fmix constant): a key's and a backend's hashes,
+#: both already uniform, combined into a score whose order no single bit decides
+_MULTIPLIER = 0xFF51AFD7ED558CCD
 
 
 class Rendezvous:
@@ -62,12 +60,20 @@ class Rendezvous:
     __slots__ = ("_nodes",)
 
     def __init__(self, backends: Sequence[Backend]) -> None:
-        self._nodes = tuple((b, _hash64(b.name.encode())) for b in backends)
+        self._nodes = tuple((_hash64(b.name.encode()), b) for b in backends)
 
-    def rank(self, key: int) -> tuple[Backend, ...]:
+    def rank(self, key: int) -> list[Backend]:
         """Every backend, the key's preferred first, then where it would spill, in order."""
-        scored = sorted(self._nodes, key=lambda node: _mix(key ^ node[1]), reverse=True)
-        return tuple(b for b, _ in scored)
+        scored = []
+        for node, backend in self._nodes:
+            x = ((key ^ node) * _MULTIPLIER) & _MASK
+            scored.append((x ^ (x >> 29), backend))
+        scored.sort(key=_first, reverse=True)
+        return [b for _, b in scored]
+
+
+def _first(pair: tuple[int, Backend]) -> int:
+    return pair[0]
 
 
 def session_id(payload: dict[str, Any], headers: RawHeaders) -> str | None:
@@ -97,31 +103,39 @@ def prompt_prefix(payload: dict[str, Any], limit: int = PREFIX_BYTES) -> bytes:
     >>> len(prompt_prefix({"prompt": "x" * 5000}))
     2048
     """
-    out: list[str] = []
-    room = [limit]
-    for field in ("system", "instructions", "messages", "input", "prompt"):
+    parts: list[str] = []
+    room = limit
+    for field in _PROMPT_FIELDS:
         value = payload.get(field)
-        if value is not None and _collect(value, out, room, 0):
-            break
-    return "\x00".join(out).encode()[:limit]
+        if value is not None:
+            room = _collect(value, parts, room, 0)
+            if room <= 0:
+                break
+    return "\x00".join(parts).encode()[:limit]
 
 
-def _collect(value: Any, out: list[str], room: list[int], depth: int) -> bool:
-    """Append the text of ``value`` to ``out``; True once ``room`` (chars) is used up."""
+_PROMPT_FIELDS = ("system", "instructions", "messages", "input", "prompt")
+
+
+def _collect(value: Any, parts: list[str], room: int, depth: int) -> int:
+    """Append the text of ``value`` to ``parts``; the room (chars) left."""
     if type(value) is str:
-        out.append(value[: room[0]])
-        room[0] -= len(value)
-        return room[0] <= 0
+        parts.append(value[:room])
+        return room - len(value)
     if depth > 3:
-        return False
+        return room
     if type(value) is list:
-        return any(_collect(item, out, room, depth + 1) for item in value)
-    if type(value) is dict:
-        for field in ("content", "text"):
-            inner = value.get(field)
-            if inner is not None and _collect(inner, out, room, depth + 1):
-                return True
-    return False
+        for item in value:
+            room = _collect(item, parts, room, depth + 1)
+            if room <= 0:
+                break
+    elif type(value) is dict:
+        inner = value.get("content")
+        if inner is None:
+            inner = value.get("text")
+        if inner is not None:
+            room = _collect(inner, parts, room, depth + 1)
+    return room
 
 
 def request_key(

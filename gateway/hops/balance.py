@@ -18,9 +18,12 @@ only what it needs between requests (the weighted cursor); nothing per request (
   is for large fleets, where comparing all would cost).
 - ``least_loaded`` (docs/spec.md §21): the lowest queue depth the model server reported, then
   its KV-cache usage, then this gateway's in-flight requests (the Gateway API Inference
-  Extension's queue and KV scorers), ties at random. The queue depth counts the requests this
-  gateway sent the backend since the last scrape (and those that finished since): between two
-  scrapes the requests do not all herd onto the backend that looked emptiest. A backend whose
+  Extension's queue and KV scorers), ties at random. Both figures are moved by the requests
+  this gateway sent the backend since the last scrape, net of those that finished
+  (:func:`gateway.hops.health.estimate`): a queueing server queues them, another runs them, each
+  taking the KV-cache share its running requests took — so between two scrapes a burst fills
+  the backends in proportion to their room rather than herding onto the one that looked
+  emptiest. A backend whose
   load is unknown is scored by this gateway's in-flight requests alone (queue depth = in-flight,
   KV-cache usage taken as full), so a fleet without metrics is balanced as by
   ``least_outstanding``. The scores come from :class:`gateway.hops.health.Health`.

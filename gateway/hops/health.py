@@ -269,7 +269,7 @@ class BackendHealth(Rotation):
 class RoutePlan:
     """How one route chooses among its backends (made once, per route)."""
 
-    __slots__ = ("affinity", "fleet", "rendezvous", "shed", "strategy")
+    __slots__ = ("affinity", "fleet", "rendezvous", "shed", "strategy", "watched")
 
     def __init__(self, config: RouteConfig, backends: tuple[Backend, ...], strategy: Strategy):
         self.strategy = strategy
@@ -278,8 +278,10 @@ class RoutePlan:
         self.shed = config.shed_when_saturated
         #: the backends in hash order for a key (None: no affinity)
         self.rendezvous = Rendezvous(backends) if config.affinity != "none" else None
+        #: some backend's load is read (saturation applies)
+        self.watched = any(has_load_source(b) for b in backends)
         #: load or affinity to heed (False: the strategy alone, as without a fleet)
-        self.fleet = self.rendezvous is not None or any(has_load_source(b) for b in backends)
+        self.fleet = self.rendezvous is not None or self.watched
 
 
 class Health:
@@ -440,7 +442,7 @@ class Health:
         if not fleet:
             return strategy.order(available)
         assert plan is not None
-        return self._fleet_order(plan, available, ranked, now)
+        return self._fleet_order(plan, available, ranked, now, available is backends)
 
     def _fleet_order(
         self,
@@ -448,9 +450,13 @@ class Health:
         available: tuple[Backend, ...],
         ranked: Sequence[Backend] | None,
         now: float,
+        everyone: bool,
     ) -> Sequence[Backend]:
-        states = self._states
-        busy = [b for b in available if states[b].saturated(now)]
+        """``available``: those in rotation (``everyone``: all the route's backends)."""
+        busy: list[Backend] = []
+        if plan.watched:
+            states = self._states
+            busy = [b for b in available if states[b].saturated(now)]
         free: Sequence[Backend] = available
         if busy:
             if len(busy) == len(available):
@@ -461,7 +467,12 @@ class Health:
                 return self._least_loaded.order(available)
             free = tuple(b for b in available if b not in busy)
             busy = list(self._least_loaded.order(busy))
-        head = [b for b in ranked if b in free] if ranked is not None else plan.strategy.order(free)
+        if ranked is None:
+            head = plan.strategy.order(free)
+        elif everyone and not busy:
+            return ranked  # the common case: every backend in rotation, none saturated
+        else:
+            head = [b for b in ranked if b in free]
         return [*head, *busy] if busy else head
 
     def begin(self, attempt: Attempt, retry: bool, model: str | None = None) -> None:
@@ -615,15 +626,38 @@ class Health:
 
     def _score(self, backend: Backend) -> tuple[float, float, int]:
         """``least_loaded``'s view of a backend (see :mod:`gateway.hops.balance`): its queue
-        depth as scraped plus what this gateway sent it since, its KV-cache usage, and this
-        gateway's in-flight requests; unknown load is scored by the in-flight requests."""
+        depth and KV-cache usage as scraped, moved by what this gateway sent it since (and what
+        finished since), and this gateway's in-flight requests; unknown load is scored by the
+        in-flight requests alone."""
         state = self._states[backend]
         out = state.outstanding
         load = state.known_load(self._clock())
         if load is None:
             return float(out), 1.0, out
-        kv = load.kv_cache if load.kv_cache is not None else 0.0
-        return max(0.0, load.queue + out - state.load_base), kv, out
+        return (*estimate(load, out - state.load_base), out)
+
+
+def estimate(load: Load, sent: int) -> tuple[float, float]:
+    """A backend's (queue depth, KV-cache usage) now, from its last scrape and the requests
+    this gateway ``sent`` it since (net of those that finished; negative when more finished).
+
+    A server that was queueing queues them; one that was not runs them, each taking the KV-cache
+    share its running requests took on average (unknown while it ran none: it keeps its usage,
+    and in-flight requests break the tie). So between two scrapes a burst fills the backends in
+    proportion to their room instead of herding onto the one that looked emptiest.
+
+    >>> a = Load(0, 2, 0.5, False, 0, 1)   # 2 running in half its KV cache
+    >>> estimate(a, 1), estimate(a, -1)
+    ((0.0, 0.75), (0.0, 0.25))
+    >>> estimate(Load(3.0, 8.0, 0.9, False, 0, 1), 2)
+    (5.0, 0.9)
+    """
+    queue, running, kv = load.queue, load.running, load.kv_cache
+    if queue > 0 or kv is None:  # queueing (or no KV-cache figure): what is sent waits
+        return max(0.0, queue + sent), kv or 0.0
+    if not running:  # idle: its share per request is unknown
+        return 0.0, kv
+    return 0.0, max(0.0, kv * (running + sent) / running)
 
 
 def _load_row(state: BackendHealth, now: float) -> dict[str, Any]:

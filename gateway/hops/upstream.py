@@ -304,10 +304,11 @@ class Upstream:
                 attempt.affinity = "none"
             else:
                 attempt.affinity = "hit" if attempt.backend is ranked[0] else "spill"
-        assert self.health is not None
-        load = self.health.load(attempt.backend)
-        if load is not None:
-            attempt.load = (load.queue, load.kv_cache)
+        if route.watched:
+            assert self.health is not None
+            load = self.health.load(attempt.backend)
+            if load is not None:
+                attempt.load = (load.queue, load.kv_cache)
 
     def _headers(
         self, ctx: RequestContext, backend: Backend, attempt: Attempt

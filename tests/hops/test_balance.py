@@ -106,16 +106,30 @@ def test_least_loaded_flips_when_the_load_flips():
 
 
 def test_requests_sent_since_the_scrape_count_so_a_burst_does_not_herd():
-    a, b = watched("a", max_queue=100), watched("b", max_queue=100)
+    a, b = watched("a", max_queue=100, max_kv=1.0), watched("b", max_queue=100, max_kv=1.0)
     health, backends = fleet(a, b, strategy="least_loaded")
-    load(health, a, queue=0)
-    load(health, b, queue=1)
+    load(health, a, queue=0, running=2, kv=0.5)  # 0.25 of KV-cache per request
+    load(health, b, queue=0, running=1, kv=0.4)  # 0.4 per request
     picks = []
     for _ in range(5):  # one scrape period's requests, all in flight
         first = health.order(backends)[0]
         begin(health, first)
         picks.append(first.name)
-    assert picks[0] == "a" and Counter(picks) == {"a": 3, "b": 2}
+    # b (0.4), then a (0.5 -> 0.75), a (0.75 < 0.8), b (0.8 < 1.0), a: in proportion to room
+    assert picks == ["b", "a", "a", "b", "a"]
+
+
+def test_a_queueing_backend_queues_what_is_sent_to_it():
+    a, b = watched("a", max_queue=100), watched("b", max_queue=100)
+    health, backends = fleet(a, b, strategy="least_loaded")
+    load(health, a, queue=1, running=4, kv=0.5)
+    load(health, b, queue=3, running=4, kv=0.5)
+    picks = []
+    for _ in range(4):
+        first = health.order(backends)[0]
+        begin(health, first)
+        picks.append(first.name)
+    assert picks[:2] == ["a", "a"] and Counter(picks) == {"a": 3, "b": 1}
 
 
 def test_without_known_load_least_loaded_is_least_outstanding():
