@@ -3,9 +3,11 @@ frame and memory per idle session. Prints markdown tables; not a test (no assert
 
     python loadtests/realtime.py [--seconds 5] [--rounds 3] [--cores GW,LOAD] [--idle 1000]
                                  [--only SESSIONS:RATE ...] [--skip-idle] [--tree SRC]
+                                 [--before SRC]
 
 ``--tree SRC`` runs the gateway of another source tree (e.g. a ``git worktree`` of an earlier
-commit) with the same harness: a before/after.
+commit); ``--before SRC`` runs a second gateway from SRC beside it, measured in the same rounds
+right before this one (rows marked "(before)"): a before/after under the same conditions.
 
 The processes, each pinned with ``taskset`` (``--cores``; the machine needs two CPUs):
 
@@ -24,7 +26,7 @@ bytes) at a fixed total rate, round robin over the sessions, and stamps each ech
 crosses the relay twice (client → upstream and back), so the delay the relay adds per frame is
 half the difference of the round trips, taken per percentile. Each configuration runs
 ``--rounds`` rounds, each round direct, then through the TCP forwarder, then through the
-gateway, back to back; the table shows the best round (the lowest added p50: the least
+gateway(s), back to back; the table shows the best round (the lowest added p50: the least
 disturbed, as other load only ever slows a round down) and the spread of the added delay over
 all rounds, since other people share the machine.
 
@@ -432,15 +434,24 @@ def overhead_histogram(before: str, after: str) -> tuple[str, str, str]:
     return q(0.5), q(0.99), f"{mean:.3f}"
 
 
+class Relayed:
+    """One gateway's part of a round: round trips, histogram, CPU per frame."""
+
+    __slots__ = ("cpu_per_frame_us", "hist", "rtts")
+
+    def __init__(self, rtts: list[float], hist: tuple[str, str, str], cpu_us: float) -> None:
+        self.rtts, self.hist, self.cpu_per_frame_us = rtts, hist, cpu_us
+
+
 class Round:
-    __slots__ = ("cpu_per_frame_us", "direct", "forward", "forward_cpu_us", "hist", "via")
+    __slots__ = ("direct", "forward", "forward_cpu_us", "gateways")
 
     def __init__(self) -> None:
         self.direct: list[float] = []
         self.forward: list[float] = []
-        self.via: list[float] = []
-        self.hist = ("-", "-", "-")
-        self.cpu_per_frame_us = self.forward_cpu_us = 0.0
+        self.forward_cpu_us = 0.0
+        #: label ("" for this tree, "before" for --before) -> what that gateway did
+        self.gateways: dict[str, Relayed] = {}
 
     def added(self, which: list[float], p: float) -> float:
         """ms added per frame: half the round trip's difference to direct."""
@@ -458,43 +469,53 @@ def spread(values: list[float]) -> str:
 def measure(
     args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int], sessions: int, rate: int
 ) -> list[Round]:
-    direct = f"ws://127.0.0.1:{ports['echo']}/v1/realtime?model=bench"
-    forward = f"ws://127.0.0.1:{ports['forward']}/v1/realtime?model=bench"
-    via = f"ws://127.0.0.1:{ports['gateway']}/v1/realtime?model=bench"
+    """``--rounds`` rounds, each: direct, the TCP forwarder, then each gateway, back to back."""
     load = args.load_cpu
+
+    def url(port: int) -> str:
+        return f"ws://127.0.0.1:{port}/v1/realtime?model=bench"
+
     rounds = []
     for _ in range(args.rounds):
         r = Round()
-        r.direct = run_client(load, direct, sessions, rate, args.seconds)
+        r.direct = run_client(load, url(ports["echo"]), sessions, rate, args.seconds)
         fw = Window(pids["forward"])
-        r.forward = run_client(load, forward, sessions, rate, args.seconds, fw)
+        r.forward = run_client(load, url(ports["forward"]), sessions, rate, args.seconds, fw)
         r.forward_cpu_us = fw.cpu / 1000 / max(1, 2 * len(r.forward))
-        gw = Window(pids["gateway"], ports["gateway"])
-        r.via = run_client(load, via, sessions, rate, args.seconds, gw)
-        r.hist = overhead_histogram(gw.before, gw.after)
-        # frames relayed: each message both ways (the paced part only: no handshakes, closes)
-        r.cpu_per_frame_us = gw.cpu / 1000 / max(1, 2 * len(r.via))
+        for label in ("before", ""):
+            if label not in pids:
+                continue
+            port = ports[label]
+            gw = Window(pids[label], port)
+            rtts = run_client(load, url(port), sessions, rate, args.seconds, gw)
+            # frames relayed: each message both ways (the paced part only: no handshakes)
+            cpu = gw.cpu / 1000 / max(1, 2 * len(rtts))
+            r.gateways[label] = Relayed(rtts, overhead_histogram(gw.before, gw.after), cpu)
         rounds.append(r)
     return rounds
 
 
-def row(sessions: int, rate: int, rounds: list[Round]) -> str:
-    best = min(rounds, key=lambda r: (r.added(r.via, 50), r.added(r.via, 99)))
-    cells = [
-        f"{sessions} session{'s' if sessions > 1 else ''}",
-        f"{rate:,}",
-        str(len(best.via)),
-        ms2(best.direct),
-        f"{best.added(best.forward, 50):.3f} / {best.added(best.forward, 99):.3f}",
-        ms2(best.via),
-        f"**{best.added(best.via, 50):.3f} / {best.added(best.via, 99):.3f}**",
-        spread([r.added(r.via, 50) for r in rounds])
-        + " / "
-        + spread([r.added(r.via, 99) for r in rounds]),
-        " / ".join(best.hist),
-        f"{best.cpu_per_frame_us:.1f} ({best.forward_cpu_us:.1f})",
-    ]
-    return "| " + " | ".join(cells) + " |"
+def rows(sessions: int, rate: int, rounds: list[Round]) -> list[str]:
+    out = []
+    for label in rounds[0].gateways:
+        best = min(rounds, key=lambda r: r.added(r.gateways[label].rtts, 50))
+        g = best.gateways[label]
+        cells = [
+            f"{sessions} session{'s' if sessions > 1 else ''}" + (f" ({label})" if label else ""),
+            f"{rate:,}",
+            str(len(g.rtts)),
+            ms2(best.direct),
+            f"{best.added(best.forward, 50):.3f} / {best.added(best.forward, 99):.3f}",
+            ms2(g.rtts),
+            f"**{best.added(g.rtts, 50):.3f} / {best.added(g.rtts, 99):.3f}**",
+            spread([r.added(r.gateways[label].rtts, 50) for r in rounds])
+            + " / "
+            + spread([r.added(r.gateways[label].rtts, 99) for r in rounds]),
+            " / ".join(g.hist),
+            f"{g.cpu_per_frame_us:.1f} ({best.forward_cpu_us:.1f})",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 HEADER = (
@@ -541,8 +562,9 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], help="SESSIONS:RATE (repeat)")
     parser.add_argument("--idle", type=int, default=1000)
     parser.add_argument("--skip-idle", action="store_true")
+    parser.add_argument("--tree", default=str(ROOT), help="the source tree whose gateway to run")
     parser.add_argument(
-        "--tree", default=str(ROOT), help="the source tree whose gateway to run (before/after)"
+        "--before", help="also run this source tree's gateway, measured in the same rounds"
     )
     parser.add_argument("--echo", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--forward", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -562,6 +584,19 @@ def main() -> int:
     return bench(args)
 
 
+def start_gateway(args: argparse.Namespace, tree: str, port: int, echo: int, tmp: str) -> Any:
+    cfg = Path(tmp) / f"gateway-{port}.toml"
+    cfg.write_text(CONFIG.format(port=port, upstream=echo))
+    return subprocess.Popen(
+        [
+            *taskset(args.gateway_cpu),
+            *[sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
+        ],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": tree},
+    )
+
+
 def bench(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
     from tests.support import free_port, wait_port
@@ -574,55 +609,51 @@ def bench(args: argparse.Namespace) -> int:
         print("warning: not pinned (needs --cores GW,LOAD and two CPUs)", file=sys.stderr)
         args.gateway_cpu = args.load_cpu = None
     configs = [tuple(int(x) for x in o.split(":")) for o in args.only] or list(CONFIGS)
-    ports = {"echo": free_port(), "forward": free_port(), "gateway": free_port()}
-    procs: list[subprocess.Popen[bytes]] = []
+    trees = {"": args.tree, **({"before": args.before} if args.before else {})}
+    ports = {"echo": free_port(), "forward": free_port(), **{k: free_port() for k in trees}}
+    procs: list[Any] = []
     me = [sys.executable, str(HERE)]
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "gateway.toml"
-        cfg.write_text(CONFIG.format(port=ports["gateway"], upstream=ports["echo"]))
         try:
             procs.append(
                 subprocess.Popen([*taskset(args.load_cpu), *me, "--echo", str(ports["echo"])])
             )
             fwd = [*me, "--forward", str(ports["forward"]), str(ports["echo"])]
-            fwd_proc = subprocess.Popen([*taskset(args.gateway_cpu), *fwd])
-            procs.append(fwd_proc)
-            gw = subprocess.Popen(
-                [
-                    *taskset(args.gateway_cpu),
-                    *[sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
-                ],
-                cwd=args.tree,
-                env={**os.environ, "PYTHONPATH": args.tree},
-            )
-            procs.append(gw)
+            procs.append(subprocess.Popen([*taskset(args.gateway_cpu), *fwd]))
+            pids = {"forward": procs[-1].pid}
+            for label, tree in trees.items():
+                procs.append(start_gateway(args, tree, ports[label], ports["echo"], tmp))
+                pids[label] = procs[-1].pid
             for port in ports.values():
                 wait_port(port, 30)
-            via = f"ws://127.0.0.1:{ports['gateway']}/v1/realtime?model=bench"
-            run_client(args.load_cpu, via, 4, 200, 1.0)  # warm up (imports, first sessions)
-            idle = None  # first, while the gateway has no memory of many sessions to reuse
-            if not args.skip_idle:
-                idle = asyncio.run(idle_rss(via, gw.pid, args.idle))
-            rows = []
+            idle: dict[str, tuple[int, int]] = {}
+            for label in trees:
+                via = f"ws://127.0.0.1:{ports[label]}/v1/realtime?model=bench"
+                run_client(args.load_cpu, via, 4, 200, 1.0)  # warm up (imports, first sessions)
+                if not args.skip_idle:  # first, while it has no memory of many sessions to reuse
+                    idle[label] = asyncio.run(idle_rss(via, pids[label], args.idle))
+            lines = []
             for sessions, rate in configs:
-                pids = {"gateway": gw.pid, "forward": fwd_proc.pid}
-                rows.append(row(sessions, rate, measure(args, ports, pids, sessions, rate)))
-                print(rows[-1], file=sys.stderr)
+                lines.extend(rows(sessions, rate, measure(args, ports, pids, sessions, rate)))
+                print("\n".join(lines[-len(trees) :]), file=sys.stderr)
+            named = ", ".join(f"{k or 'this'}: {v}" for k, v in trees.items())
             print(
-                f"\nrealtime relay ({args.tree}): gateway on CPU {args.gateway_cpu or 'any'},"
-                " echo upstream"
-                f" and client on CPU {args.load_cpu or 'any'}; best of {args.rounds} rounds"
-                f" of {args.seconds:g} s per target"
+                f"\nrealtime relay ({named}): gateways on CPU {args.gateway_cpu or 'any'}, echo"
+                f" upstream and client on CPU {args.load_cpu or 'any'}; best of {args.rounds}"
+                f" rounds of {args.seconds:g} s per target"
             )
             print(HEADER)
-            for line in rows:
+            for line in lines:
                 print(line)
-            if idle is not None:
-                before, after = idle
-                per = (after - before) / args.idle
-                print("\n| idle sessions | gateway RSS before | after | per session |")
-                print("|---|---|---|---|")
-                print(f"| {args.idle} | {before:,} KiB | {after:,} KiB | {per:.1f} KiB |")
+            if idle:
+                print("\n| gateway | idle sessions | RSS before | after | per session |")
+                print("|---|---|---|---|---|")
+                for label, (before, after) in idle.items():
+                    per = (after - before) / args.idle
+                    name = label or "this"
+                    print(
+                        f"| {name} | {args.idle} | {before:,} KiB | {after:,} KiB | {per:.1f} KiB |"
+                    )
         finally:
             for p in reversed(procs):  # ours, by handle
                 p.terminate()
