@@ -111,6 +111,45 @@ def _sinks(health: Health, auth: Auth, recent: RecentRequests | None) -> tuple[S
     return tuple(sinks)
 
 
+def _backends(config: Config, env: Mapping[str, str]) -> dict[str, Backend]:
+    backends: dict[str, Backend] = {}
+    for cfg in config.backends:
+        if cfg.api_key_env and not env.get(cfg.api_key_env):
+            log.warning(
+                "backend %s: env var %s is not set; no key is sent upstream",
+                cfg.name,
+                cfg.api_key_env,
+            )
+        backends[cfg.name] = Backend(cfg, for_backend(cfg), env)
+    return backends
+
+
+def _metrics(
+    config: Config,
+    env: Mapping[str, str],
+    health: Health,
+    auth: Auth,
+    backends: Mapping[str, Backend],
+) -> tuple[Metrics | None, Exposition | None]:
+    """The metrics of this process and GET /metrics (none with [metrics] enabled = false)."""
+    if not config.metrics.enabled:
+        return None, None
+    metrics = Metrics(
+        {r.name: r.models for r in config.routes},
+        lambda: {
+            # passive health is per process: 1 in rotation, 0 ejected (or probing)
+            "gateway_backend_up": {(name,): float(health.up(name)) for name in backends},
+            # 1 while limits count per process because their Redis is unreachable
+            "gateway_ratelimit_fallback": {(): float(auth.fallback)},
+            "gateway_budget_used_ratio": auth.budget_ratios(),  # as this process saw it
+            # the model servers' load as this process last scraped it (docs/spec.md §21)
+            **health.load_gauges(),
+        },
+    )
+    shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it
+    return metrics, Exposition(metrics, WorkerSnapshots(shared, metrics) if shared else None)
+
+
 def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> Runtime:
     """Pools, router, cache (it connects lazily: a dead Redis never stops a start), telemetry."""
     env = os.environ if environ is None else environ
@@ -122,35 +161,12 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         cache_backend=config.cache.backend,
         auth_mode=auth.mode,
     )
-    backends: dict[str, Backend] = {}
-    for cfg in config.backends:
-        if cfg.api_key_env and not env.get(cfg.api_key_env):
-            log.warning(
-                "backend %s: env var %s is not set; no key is sent upstream",
-                cfg.name,
-                cfg.api_key_env,
-            )
-        backends[cfg.name] = Backend(cfg, for_backend(cfg), env)
+    backends = _backends(config, env)
     routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)
     health = Health(backends.values(), routes)
     fleet = Fleet(backends.values(), health.publish)
     upstream = _upstream(tracing, health)
-    metrics = exposition = None
-    if config.metrics.enabled:
-        metrics = Metrics(
-            {r.name: r.models for r in config.routes},
-            lambda: {
-                # passive health is per process: 1 in rotation, 0 ejected (or probing)
-                "gateway_backend_up": {(name,): float(health.up(name)) for name in backends},
-                # 1 while limits count per process because their Redis is unreachable
-                "gateway_ratelimit_fallback": {(): float(auth.fallback)},
-                "gateway_budget_used_ratio": auth.budget_ratios(),  # as this process saw it
-                # the model servers' load as this process last scraped it (docs/spec.md §21)
-                **health.load_gauges(),
-            },
-        )
-        shared = env.get(METRICS_DIR_ENV)  # workers > 1: `gateway serve` made it
-        exposition = Exposition(metrics, WorkerSnapshots(shared, metrics) if shared else None)
+    metrics, exposition = _metrics(config, env, health, auth, backends)
     recent = None
     if config.ui.enabled:
         recent = RecentRequests(config.ui.recent, capture=config.tracing.capture_content)

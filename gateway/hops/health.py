@@ -284,47 +284,19 @@ class RoutePlan:
         self.fleet = self.rendezvous is not None or self.watched
 
 
-class Health:
-    """Passive health, the retry budget, backend load and the route strategies of one
-    process."""
+class HealthView:
+    """The read side of :class:`Health`: what ``/readyz``, ``/metrics``, the live view and the
+    strategies read of the passive health and the backends' load, and the scrapers' call that
+    publishes a load. :class:`Health` keeps the state and changes it."""
 
-    def __init__(
-        self,
-        backends: Iterable[Backend],
-        routes: Iterable[Route] = (),
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._clock = clock
-        self._states: dict[Backend, BackendHealth] = {b: BackendHealth(b) for b in backends}
-        self._by_name = {s.name: s for s in self._states.values()}
-        names = list(self._by_name)
-        #: the backend's own ejections (connection failures)
-        self.ejections: dict[str, int] = dict.fromkeys(names, 0)
-        #: ejections of its (backend, model) pairs (answer failures)
-        self.model_ejections: dict[str, int] = dict.fromkeys(names, 0)
-        #: retries sent (to the backend that had just failed the request)
-        self.retries: dict[str, int] = dict.fromkeys(names, 0)
-        #: retries not sent because the backend's budget was spent
-        self.budget_exhausted: dict[str, int] = dict.fromkeys(names, 0)
-        #: attempts begun and not settled yet, with their backend's state
-        self._open: dict[Attempt, BackendHealth] = {}
-        #: attempts that are a pair's probe or trial (rare: empty keeps settle() lean)
-        self._pair_trials: dict[Attempt, PairHealth] = {}
-        self._out = 0  # backends and pairs out of rotation: 0 keeps order() a lookup
-        self._ordered = Ordered()
-        #: the order when every backend is saturated, whatever the strategy
-        self._least_loaded = LeastLoaded(self._score, rng)
-        # a route's backends tuple is made once (runtime) and passed by the pipeline as is;
-        # any other tuple (passthrough's one backend) is in configured order
-        self._plans: dict[int, RoutePlan] = {
-            id(r.backends): RoutePlan(
-                r.config,
-                r.backends,
-                make_strategy(r.config, r.backends, self._outstanding_of, rng, self._score),
-            )
-            for r in routes
-        }
+    _clock: Callable[[], float]
+    _states: dict[Backend, BackendHealth]
+    _by_name: dict[str, BackendHealth]
+    _plans: dict[int, RoutePlan]
+    ejections: dict[str, int]
+    model_ejections: dict[str, int]
+    retries: dict[str, int]
+    budget_exhausted: dict[str, int]
 
     # ------------------------------------------------------------ what others read
 
@@ -411,6 +383,64 @@ class Health:
         state.load_base = state.outstanding
         if load is not None:
             state.scraped_at = load.at
+
+    def _outstanding_of(self, backend: Backend) -> int:
+        return self._states[backend].outstanding
+
+    def _score(self, backend: Backend) -> tuple[float, float, int]:
+        """``least_loaded``'s view of a backend (see :mod:`gateway.hops.balance`): its queue
+        depth and KV-cache usage as scraped, moved by what this gateway sent it since (and what
+        finished since), and this gateway's in-flight requests; unknown load is scored by the
+        in-flight requests alone."""
+        state = self._states[backend]
+        out = state.outstanding
+        load = state.known_load(self._clock())
+        if load is None:
+            return float(out), 1.0, out
+        return (*estimate(load, out - state.load_base), out)
+
+
+class Health(HealthView):
+    """Passive health, the retry budget, backend load and the route strategies of one
+    process."""
+
+    def __init__(
+        self,
+        backends: Iterable[Backend],
+        routes: Iterable[Route] = (),
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._clock = clock
+        self._states: dict[Backend, BackendHealth] = {b: BackendHealth(b) for b in backends}
+        self._by_name = {s.name: s for s in self._states.values()}
+        names = list(self._by_name)
+        #: the backend's own ejections (connection failures)
+        self.ejections: dict[str, int] = dict.fromkeys(names, 0)
+        #: ejections of its (backend, model) pairs (answer failures)
+        self.model_ejections: dict[str, int] = dict.fromkeys(names, 0)
+        #: retries sent (to the backend that had just failed the request)
+        self.retries: dict[str, int] = dict.fromkeys(names, 0)
+        #: retries not sent because the backend's budget was spent
+        self.budget_exhausted: dict[str, int] = dict.fromkeys(names, 0)
+        #: attempts begun and not settled yet, with their backend's state
+        self._open: dict[Attempt, BackendHealth] = {}
+        #: attempts that are a pair's probe or trial (rare: empty keeps settle() lean)
+        self._pair_trials: dict[Attempt, PairHealth] = {}
+        self._out = 0  # backends and pairs out of rotation: 0 keeps order() a lookup
+        self._ordered = Ordered()
+        #: the order when every backend is saturated, whatever the strategy
+        self._least_loaded = LeastLoaded(self._score, rng)
+        # a route's backends tuple is made once (runtime) and passed by the pipeline as is;
+        # any other tuple (passthrough's one backend) is in configured order
+        self._plans: dict[int, RoutePlan] = {
+            id(r.backends): RoutePlan(
+                r.config,
+                r.backends,
+                make_strategy(r.config, r.backends, self._outstanding_of, rng, self._score),
+            )
+            for r in routes
+        }
 
     # ------------------------------------------------------------ the upstream hop's calls
 
@@ -620,21 +650,6 @@ class Health:
             )
         else:
             log.info("backend %s back in rotation: its probe succeeded", state.name)
-
-    def _outstanding_of(self, backend: Backend) -> int:
-        return self._states[backend].outstanding
-
-    def _score(self, backend: Backend) -> tuple[float, float, int]:
-        """``least_loaded``'s view of a backend (see :mod:`gateway.hops.balance`): its queue
-        depth and KV-cache usage as scraped, moved by what this gateway sent it since (and what
-        finished since), and this gateway's in-flight requests; unknown load is scored by the
-        in-flight requests alone."""
-        state = self._states[backend]
-        out = state.outstanding
-        load = state.known_load(self._clock())
-        if load is None:
-            return float(out), 1.0, out
-        return (*estimate(load, out - state.load_base), out)
 
 
 def estimate(load: Load, sent: int) -> tuple[float, float]:

@@ -177,15 +177,7 @@ class Upstream:
         ``pinned``: ``backends[0]`` is the only backend tried, even when it (or its pair for
         the model) is ejected — no strategy, no fallback; its answer, an error too, is what
         the request gets (retries to it still need its budget, and it in rotation)."""
-        order: Sequence[Backend] = backends
-        route: RoutePlan | None = None
-        ranked: Sequence[Backend] | None = None
-        if pinned:
-            order = backends[:1]
-        elif self.health is not None:
-            route = self.health.route(backends)
-            ranked = _ranked(ctx, route)
-            order = self.health.order(backends, ctx.model, ranked)
+        order, route, ranked = self._order(ctx, backends, pinned)
         if not isinstance(body, bytes | None):
             retries = 0  # a streamed request body can be sent once only
             order = order[:1]
@@ -228,6 +220,18 @@ class Upstream:
             ctx.timeline.upstream_first_byte = attempt.first_byte
             return resp, attempt  # settled when the request ends (health.finished)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _order(
+        self, ctx: RequestContext, backends: tuple[Backend, ...], pinned: bool
+    ) -> tuple[Sequence[Backend], RoutePlan | None, Sequence[Backend] | None]:
+        """The backends to try in order, the route's fleet plan and the affinity ranking."""
+        if pinned:
+            return backends[:1], None, None
+        if self.health is None:
+            return backends, None, None
+        route = self.health.route(backends)
+        ranked = _ranked(ctx, route)
+        return self.health.order(backends, ctx.model, ranked), route, ranked
 
     @staticmethod
     async def _wait(ctx: RequestContext, delay: float) -> None:

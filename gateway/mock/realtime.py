@@ -277,23 +277,27 @@ class MockRealtime:
                     "item": item,
                 }
             )
-        usage = {
-            "total_tokens": self._tokens + len(pieces),
+        usage = self._usage(len(pieces))
+        self._cached = self._tokens  # the next response reads these from the "prompt cache"
+        response = {**response, "status": status, "output": [item], "usage": usage}
+        if status == "cancelled":
+            response["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
+        await self.send({"type": "response.done", "response": response})
+
+    def _usage(self, output: int) -> dict[str, Any]:
+        """``response.done``'s usage, in the GA shape (cached input tokens included)."""
+        return {
+            "total_tokens": self._tokens + output,
             "input_tokens": self._tokens,
-            "output_tokens": len(pieces),
+            "output_tokens": output,
             "input_token_details": {
                 "cached_tokens": self._cached,
                 "text_tokens": self._tokens,
                 "audio_tokens": 0,
                 "image_tokens": 0,
             },
-            "output_token_details": {"text_tokens": len(pieces), "audio_tokens": 0},
+            "output_token_details": {"text_tokens": output, "audio_tokens": 0},
         }
-        self._cached = self._tokens  # the next response reads these from the "prompt cache"
-        response = {**response, "status": status, "output": [item], "usage": usage}
-        if status == "cancelled":
-            response["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
-        await self.send({"type": "response.done", "response": response})
 
     async def _pace(self, count: int, pieces: list[str], where: dict[str, Any]) -> None:
         s = self.settings

@@ -230,18 +230,7 @@ def _root(
     ]
     attrs.extend(_context_attrs(ctx))
     attrs.extend(_session_attrs(facts))
-    status, message = otlp.STATUS_UNSET, ""
-    error = answer.error
-    if error is not None:
-        attrs.append(_s("error.type", error.code or error.type))
-        message = error.message
-        if error.status >= 500:
-            status = otlp.STATUS_ERROR
-    elif facts.close_code == 1011:
-        status, message = otlp.STATUS_ERROR, facts.close_reason or "upstream connection lost"
-        attrs.append(_s("error.type", "upstream_connection_lost"))
-    if answer.status >= 500:
-        status = otlp.STATUS_ERROR
+    status, message = _root_status(ctx, facts, attrs)
     start_ns = tree.wall
     if edge_hops:
         start_ns = min(start_ns, int(edge_hops[0][2] * 1e9))
@@ -257,6 +246,24 @@ def _root(
         attrs,
         otlp.tail(status, flags, message),
     )
+
+
+def _root_status(ctx: RequestContext, facts: SessionFacts, attrs: list[bytes]) -> tuple[int, str]:
+    """The session's status (ERROR on a 5xx or a lost upstream) and message; adds error.type."""
+    answer = ctx.answer
+    status, message = otlp.STATUS_UNSET, ""
+    error = answer.error
+    if error is not None:
+        attrs.append(_s("error.type", error.code or error.type))
+        message = error.message
+        if error.status >= 500:
+            status = otlp.STATUS_ERROR
+    elif facts.close_code == 1011:
+        status, message = otlp.STATUS_ERROR, facts.close_reason or "upstream connection lost"
+        attrs.append(_s("error.type", "upstream_connection_lost"))
+    if answer.status >= 500:
+        status = otlp.STATUS_ERROR
+    return status, message
 
 
 def _context_attrs(ctx: RequestContext) -> list[bytes]:

@@ -135,6 +135,35 @@ class Metrics:
         self.requests = Counter(
             "gateway_requests", "Requests answered", ("route", "model", "status_code")
         )
+        self._latency_histograms()
+        self.tokens = Counter("gateway_tokens", "Tokens the upstreams reported", ("model", "kind"))
+        self.errors = Counter(
+            "gateway_errors", "Answers that were errors", ("status_code", "error_type")
+        )
+        self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
+        self.spend = SpendMetrics()
+        self.counters = (self.requests, self.tokens, self.errors, self.cache, *self.spend.counters)
+        self.histograms: tuple[Histogram, ...] = (
+            self.request_duration,
+            self.upstream_duration,
+        )
+        self.histograms = (*self.histograms, self.overhead, self.ttft, self.hops)
+        #: route name -> its literal (glob-free) model patterns
+        self._literal = {
+            name: frozenset(p for p in patterns if not set(p) & set("*?["))
+            for name, patterns in route_patterns.items()
+        }
+        self._patterns = route_patterns
+        self._models: set[str] = set()
+        self._gauges = gauges
+        #: requests in flight (their route is read at scrape time: it may not be known yet)
+        self.inflight: dict[int, RequestContext] = {}
+        #: realtime sessions (docs/spec.md §19): their counter and histogram scrape as the others
+        self.realtime = RealtimeMetrics()
+        self.counters = (*self.counters, self.realtime.sessions)
+        self.histograms = (*self.histograms, self.realtime.message_overhead)
+
+    def _latency_histograms(self) -> None:
         self.request_duration = Histogram(
             "gateway_request_duration_seconds",
             "Time from the first request byte to the last response byte",
@@ -165,32 +194,6 @@ class Metrics:
             ("hop",),
             FINE_BUCKETS,
         )
-        self.tokens = Counter("gateway_tokens", "Tokens the upstreams reported", ("model", "kind"))
-        self.errors = Counter(
-            "gateway_errors", "Answers that were errors", ("status_code", "error_type")
-        )
-        self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
-        self.spend = SpendMetrics()
-        self.counters = (self.requests, self.tokens, self.errors, self.cache, *self.spend.counters)
-        self.histograms: tuple[Histogram, ...] = (
-            self.request_duration,
-            self.upstream_duration,
-        )
-        self.histograms = (*self.histograms, self.overhead, self.ttft, self.hops)
-        #: route name -> its literal (glob-free) model patterns
-        self._literal = {
-            name: frozenset(p for p in patterns if not set(p) & set("*?["))
-            for name, patterns in route_patterns.items()
-        }
-        self._patterns = route_patterns
-        self._models: set[str] = set()
-        self._gauges = gauges
-        #: requests in flight (their route is read at scrape time: it may not be known yet)
-        self.inflight: dict[int, RequestContext] = {}
-        #: realtime sessions (docs/spec.md §19): their counter and histogram scrape as the others
-        self.realtime = RealtimeMetrics()
-        self.counters = (*self.counters, self.realtime.sessions)
-        self.histograms = (*self.histograms, self.realtime.message_overhead)
 
     # ------------------------------------------------------------ per request
 
