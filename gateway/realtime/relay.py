@@ -327,26 +327,9 @@ class Relay:
             for task in (from_up, from_client):
                 task.cancel()
             ended = await asyncio.gather(from_up, from_client, return_exceptions=True)
-        end = self._decide(stop, ended)
+        end = _decide(stop, ended)
         await self._close(end)
         return end
-
-    @staticmethod
-    def _decide(stop: asyncio.Future[End], ended: Sequence[Any]) -> End:
-        if stop.done():
-            return stop.result()
-        up_end, client_end = ended
-        if isinstance(client_end, End):
-            return client_end  # the client's own end is the most definite
-        if isinstance(up_end, End):
-            return up_end
-        if isinstance(client_end, BaseException) and not isinstance(
-            client_end, asyncio.CancelledError
-        ):
-            raise client_end
-        if isinstance(up_end, BaseException):
-            raise up_end
-        raise AssertionError("a pump ended without an outcome")  # pragma: no cover
 
     async def _close(self, end: End) -> None:
         """The one close path: each side that is still open gets its close."""
@@ -391,3 +374,20 @@ def _upstream_end(exc: Closed) -> End:
 
 
 __all__ = ["BY_CLIENT", "BY_LIMIT", "BY_UPSTREAM", "End", "Relay", "Stats", "sendable"]
+
+
+def _decide(stop: asyncio.Future[End], ended: Sequence[Any]) -> End:
+    """How the session ended: a limit or close already decided, else the client's own end,
+    else the upstream's; a pump that raised raises here."""
+    if stop.done():
+        return stop.result()
+    up_end, client_end = ended
+    if isinstance(client_end, End):
+        return client_end  # the client's own end is the most definite
+    if isinstance(up_end, End):
+        return up_end
+    if isinstance(client_end, BaseException) and not isinstance(client_end, asyncio.CancelledError):
+        raise client_end
+    if isinstance(up_end, BaseException):
+        raise up_end
+    raise AssertionError("a pump ended without an outcome")  # pragma: no cover

@@ -277,25 +277,8 @@ class Realtime:
                 tokens.inc((model, "cached_input"), response.cached_tokens)
             if response.reasoning_tokens:
                 tokens.inc((model, "reasoning"), response.reasoning_tokens)
-        self._debit(ctx, response)
+        _debit(self.rt, ctx, response)
         self._export_response(ctx, response)
-
-    def _debit(self, ctx: RequestContext, response: ModelResponse) -> None:
-        """``tpm`` (and whatever else the auth hop settles per answer) for one response: the
-        auth hop's own end-of-request sink, told about a context holding this response's usage
-        only, so the session's running totals are never debited twice."""
-        if ctx.limit_key is None or not (response.input_tokens or response.output_tokens):
-            return
-        one = RequestContext(ctx.scope, ctx.timeline)
-        one.limit_key, one.tenant, one.model, one.call = (
-            ctx.limit_key,
-            ctx.tenant,
-            ctx.model,
-            ctx.call,
-        )
-        one.attempts = ctx.attempts
-        one.answer.usage(response.input_tokens, response.output_tokens)
-        self.rt.auth.finished(one)
 
     def _export_response(self, ctx: RequestContext, response: ModelResponse) -> None:
         trace = ctx.trace
@@ -405,3 +388,23 @@ async def _answer(out: ResponseWriter, exc: GatewayError) -> None:
 
 
 __all__ = ["KEY_SUBPROTOCOL", "Realtime", "refuse_upgrade"]
+
+
+def _debit(rt: Runtime, ctx: RequestContext, response: ModelResponse) -> None:
+    """``tpm`` and budgets (what the auth hop settles per answer) for one response: the auth
+    hop's own end-of-request sink, told about a context holding this response's usage only —
+    cached and reasoning tokens included, so cached input is priced as such — so the session's
+    running totals are never debited twice."""
+    if ctx.limit_key is None or not (response.input_tokens or response.output_tokens):
+        return
+    one = RequestContext(ctx.scope, ctx.timeline)
+    one.limit_key, one.tenant, one.model, one.call = (
+        ctx.limit_key,
+        ctx.tenant,
+        ctx.model,
+        ctx.call,
+    )
+    one.attempts = ctx.attempts
+    one.answer.usage(response.input_tokens, response.output_tokens)
+    one.answer.tokens.parts(response.cached_tokens, None, response.reasoning_tokens)
+    rt.auth.finished(one)
