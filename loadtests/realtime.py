@@ -58,6 +58,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -600,6 +601,9 @@ def start_gateway(args: argparse.Namespace, tree: str, port: int, echo: int, tmp
 def bench(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
     from tests.support import free_port, wait_port
+
+    # stopped with SIGTERM: still stop what it started (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     cores = [c for c in args.cores.split(",") if c]
     if len(cores) == 2 and (os.cpu_count() or 1) >= 2:
