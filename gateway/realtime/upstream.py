@@ -250,10 +250,6 @@ class WebSocketsSocket:
         """Offer each whole message read to ``relay`` (None: detach)."""
         self._ws.relay = relay
 
-    def queued(self) -> int:
-        """Messages handed to :meth:`recv` that the relay has not written yet."""
-        return self._ws.queued
-
     def relayed(self) -> None:
         """The relay wrote a message :meth:`recv` gave it."""
         ws = self._ws
