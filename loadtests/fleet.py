@@ -36,20 +36,19 @@ import argparse
 import asyncio
 import contextlib
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
+
+# the process helpers the soak uses (the script's folder is on sys.path when run as a script)
+from soak import free_port, started
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 20.0
@@ -78,46 +77,6 @@ VARIANTS: dict[str, tuple[str, bool]] = {
 
 
 # ---------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: nothing on 127.0.0.1:{port} after {START_TIMEOUT_S} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM by PID, SIGKILL after 15 s; the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    return proc.returncode
-
-
-@contextlib.contextmanager
-def started(args: list[str], port: int, log: Path, what: str) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_port(port, proc, what)
-        yield proc
-    finally:
-        stop(proc)
 
 
 def gateway_cli(*args: str) -> list[str]:
