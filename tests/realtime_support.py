@@ -5,8 +5,8 @@ Models (the ``model`` query parameter the gateway passes on):
 
 - anything else: a session (``session.created``; ``response.create`` → ``response.created``,
   ``deltas`` ``response.output_text.delta`` events ``pace_s`` apart (0 by default),
-  ``response.done``
-  with usage); ``echo`` is relayed back verbatim (text and binary) for any other event;
+  ``response.done`` with usage, its ``event_id`` before its ``type``); ``echo`` is relayed back
+  verbatim (text and binary) for any other event;
 - ``refuse-NNN``: the handshake answered with HTTP status NNN and an OpenAI error body;
 - ``close-CODE``: after the first client message, a close frame CODE "upstream says bye";
 - ``drop``: after the first client message, the TCP connection aborted (no close frame);
@@ -269,8 +269,9 @@ class RealtimeUpstream:
             "input_token_details": {"cached_tokens": 4, "text_tokens": 10, "audio_tokens": 0},
             "output_token_details": {"text_tokens": 5, "audio_tokens": 0},
         }
-        await send(
+        await send(  # its type not first: the gateway must still find it (and parse it)
             {
+                "event_id": f"event_{rid}",
                 "type": "response.done",
                 "response": {"id": rid, "status": "completed", "output": [], "usage": usage},
             }

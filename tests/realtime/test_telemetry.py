@@ -53,12 +53,16 @@ def receiver() -> Iterator[OTLPReceiver]:
         yield r
 
 
+#: a response.create whose type is not first: the relay must still see it start a response
+LATE_CREATE = '{"event_id":"event_client_2","type":"response.create"}'
+
+
 async def two_responses(gw: Any) -> None:
     """A raw client: two responses in one session, then a normal close."""
     async with connect(ws_url(gw), open_timeout=10) as ws:
         await ws.recv()
-        for _ in range(2):
-            await ws.send(CREATE)
+        for create in (CREATE, LATE_CREATE):
+            await ws.send(create)
             while orjson.loads(await ws.recv())["type"] != "response.done":
                 pass
 
