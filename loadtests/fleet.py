@@ -18,9 +18,12 @@ replica chosen at random; the first ``WARMUP_S`` seconds are not counted. Latenc
 client's: from sending the request to its last byte, queueing in the model server included.
 
 Scenarios (the servers' capacities): ``unequal`` 2 + 6 slots (two GPUs of different size, or
-tensor-parallel degrees), ``equal`` 4 + 4. Variants: ``ordered`` and ``least_outstanding``
-without metrics (how a route balanced before docs/spec.md §21), the same two with each backend's
-``metrics_url`` (saturated backends skipped under every strategy), and ``least_loaded``.
+tensor-parallel degrees), ``equal`` 4 + 4, and ``shared`` 4 + 4 where other clients — another
+gateway deployment, a batch job — also send server a half of what it can serve, directly: load
+no gateway replica can count, only a's own metrics show. Variants: ``ordered`` and
+``least_outstanding`` without metrics (how a route balanced before docs/spec.md §21), the same
+two with each backend's ``metrics_url`` (saturated backends skipped under every strategy), and
+``least_loaded``.
 
 Prints one markdown table per scenario: requests counted, req/s served, client latency p50 / p90
 / p99 / max, errors, and which share each backend served (from the gateways' own
@@ -42,6 +45,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -65,7 +69,12 @@ SERVICE_S = TTFT_MS / 1000 + OUTPUT_TOKENS / TOKENS_PER_S
 #: a request not answered by then is given up and counted at this latency (a lower bound)
 CLIENT_TIMEOUT_S = 60.0
 
-SCENARIOS: dict[str, tuple[int, int]] = {"unequal": (2, 6), "equal": (4, 4)}
+#: scenario -> (the servers' capacities, the share of a's capacity other clients use directly)
+SCENARIOS: dict[str, tuple[tuple[int, int], float]] = {
+    "unequal": ((2, 6), 0.0),
+    "equal": ((4, 4), 0.0),
+    "shared": ((4, 4), 0.5),
+}
 #: variant -> (route TOML, whether the backends name their metrics_url)
 VARIANTS: dict[str, tuple[str, bool]] = {
     "ordered": ('strategy = "ordered"', False),
@@ -158,9 +167,11 @@ class Result:
 
 
 async def drive(
-    ports: list[int], rate: float, duration: float, seed: int
+    ports: list[int], rate: float, duration: float, seed: int, external: tuple[int, float]
 ) -> tuple[list[float], int, int, float]:
-    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s, each to a random replica."""
+    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s, each to a random replica;
+    ``external``: (a model server's port, a rate) of requests sent to it directly, by clients
+    no gateway sees (not counted)."""
     rng = random.Random(seed)
     latencies: list[float] = []
     errors = timeouts = 0
@@ -199,22 +210,46 @@ async def drive(
             else:
                 errors += 1
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async def outside(session: aiohttp.ClientSession, port: int, n: int) -> None:
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": f"x {n}"}]})
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                data=body,
+                headers={"content-type": "application/json"},
+            ) as resp:
+                await resp.read()
+
+    async def arrivals(session: aiohttp.ClientSession, rate: float, send: Any, rng: Any) -> None:
         at = start
         n = 0
         while at < start + duration:
             at += rng.expovariate(rate)
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            task = asyncio.create_task(one(session, rng.choice(ports), n))
+            task = asyncio.create_task(send(session, n))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             n += 1
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        loops = [arrivals(session, rate, lambda s, n: one(s, rng.choice(ports), n), rng)]
+        port, outside_rate = external
+        if outside_rate:
+            other = random.Random(seed + 1)
+            loops.append(arrivals(session, outside_rate, lambda s, n: outside(s, port, n), other))
+        await asyncio.gather(*loops)
         await asyncio.gather(*tasks)
     return latencies, errors, timeouts, last - counted_from
 
 
 def run_variant(
-    tmp: Path, name: str, servers: list[int], rate: float, duration: float, seed: int
+    tmp: Path,
+    name: str,
+    servers: list[int],
+    rate: float,
+    duration: float,
+    seed: int,
+    external: tuple[int, float],
 ) -> Result:
     route, metrics = VARIANTS[name]
     ports = [free_port(), free_port()]
@@ -233,7 +268,9 @@ def run_variant(
         if metrics:
             known_load(ports)
         before = served_by_backend(ports)
-        latencies, errors, timeouts, served_s = asyncio.run(drive(ports, rate, duration, seed))
+        latencies, errors, timeouts, served_s = asyncio.run(
+            drive(ports, rate, duration, seed, external)
+        )
         after = served_by_backend(ports)
     share = {b: after.get(b, 0.0) - before.get(b, 0.0) for b in ("a", "b")}
     idle(servers)
@@ -252,11 +289,23 @@ def _ms(seconds: float) -> str:
     return ("≥" if seconds >= CLIENT_TIMEOUT_S else "") + f"{seconds * 1000:.0f}"
 
 
-def table(scenario: str, caps: tuple[int, int], rate: float, results: dict[str, Result]) -> str:
+def table(
+    scenario: str,
+    caps: tuple[int, int],
+    rate: float,
+    outside_rate: float,
+    results: dict[str, Result],
+) -> str:
+    outside = (
+        f" + {outside_rate:.1f} req/s sent to a directly by clients no gateway sees"
+        if outside_rate
+        else ""
+    )
+    used = (rate + outside_rate) * SERVICE_S / sum(caps)
     lines = [
-        f"### {scenario}: capacities a={caps[0]}, b={caps[1]}; {rate:.1f} req/s offered "
-        f"({rate * SERVICE_S / sum(caps):.0%} of capacity), {SERVICE_S * 1000:.0f} ms per "
-        "answer in its slot, two gateway replicas",
+        f"### {scenario}: capacities a={caps[0]}, b={caps[1]}; {rate:.1f} req/s through the "
+        f"gateways{outside} ({used:.0%} of capacity), {SERVICE_S * 1000:.0f} ms per answer in "
+        "its slot, two gateway replicas",
         "",
         "| variant | requests | served/s | p50 ms | p90 ms | p99 ms | max ms | given up | "
         "errors | a : b |",
@@ -297,10 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp_dir:
         tmp = Path(tmp_dir)
-        for scenario in args.scenario or ["unequal", "equal"]:
-            caps = SCENARIOS[scenario]
-            rate = args.load * sum(caps) / SERVICE_S
+        for scenario in args.scenario or list(SCENARIOS):
+            caps, share = SCENARIOS[scenario]
+            outside_rate = share * caps[0] / SERVICE_S
+            rate = args.load * (sum(caps) / SERVICE_S - outside_rate)
             servers = [free_port(), free_port()]
+            external = (servers[0], outside_rate)
             with contextlib.ExitStack() as stack:
                 for name, cap, port in zip("ab", caps, servers, strict=True):
                     stack.enter_context(
@@ -312,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                 results = {
-                    name: run_variant(tmp, name, servers, rate, args.duration, args.seed)
+                    name: run_variant(tmp, name, servers, rate, args.duration, args.seed, external)
                     for name in args.variant or list(VARIANTS)
                 }
-            print(table(scenario, caps, rate, results), flush=True)
+            print(table(scenario, caps, rate, outside_rate, results), flush=True)
             print()
     return 0
 
