@@ -268,15 +268,14 @@ class Realtime:
             ttft = response.ttft()
             if ttft is not None:
                 metrics.ttft.observe((model,), ttft)
-            tokens = metrics.tokens
-            if response.input_tokens:
-                tokens.inc((model, "input"), response.input_tokens)
-            if response.output_tokens:
-                tokens.inc((model, "output"), response.output_tokens)
-            if response.cached_tokens:
-                tokens.inc((model, "cached_input"), response.cached_tokens)
-            if response.reasoning_tokens:
-                tokens.inc((model, "reasoning"), response.reasoning_tokens)
+            metrics.count_tokens(
+                model,
+                response.input_tokens,
+                response.output_tokens,
+                response.cached_tokens,
+                None,
+                response.reasoning_tokens,
+            )
         _debit(self.rt, ctx, response)
         self._export_response(ctx, response)
 

@@ -234,20 +234,34 @@ class Metrics:
         if outcome.error:
             self.cache.inc(("error",))
 
+    def count_tokens(
+        self,
+        model: str,
+        input_: int | None,
+        output: int | None,
+        cached_input: int | None = None,
+        cache_write: int | None = None,
+        reasoning: int | None = None,
+    ) -> None:
+        """``gateway_tokens_total`` by kind, for a request's usage or a realtime response's."""
+        tokens = self.tokens
+        if input_:
+            tokens.inc((model, "input"), input_)
+        if output:
+            tokens.inc((model, "output"), output)
+        if cached_input:
+            tokens.inc((model, "cached_input"), cached_input)
+        if cache_write:
+            tokens.inc((model, "cache_write"), cache_write)
+        if reasoning:
+            tokens.inc((model, "reasoning"), reasoning)
+
     def _spend(self, ctx: RequestContext, route: str, model: str) -> None:
         """Tokens by kind and the cost, from the one usage record (docs/spec.md §20)."""
         usage = ctx.answer.tokens
-        tokens = self.tokens
-        if usage.input:
-            tokens.inc((model, "input"), usage.input)
-        if usage.output:
-            tokens.inc((model, "output"), usage.output)
-        if usage.cached_input:
-            tokens.inc((model, "cached_input"), usage.cached_input)
-        if usage.cache_write:
-            tokens.inc((model, "cache_write"), usage.cache_write)
-        if usage.reasoning:
-            tokens.inc((model, "reasoning"), usage.reasoning)
+        self.count_tokens(
+            model, usage.input, usage.output, usage.cached_input, usage.cache_write, usage.reasoning
+        )
         if ctx.call is None:  # not a model call: nothing to price
             return
         usd = cost(ctx)
