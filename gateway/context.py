@@ -221,6 +221,14 @@ class Call:
 _NO_POLICIES: Mapping[str, Any] = MappingProxyType({})
 
 
+class LiveSession(Protocol):
+    """An open realtime session as the live view sees it (docs/spec.md §19):
+    :class:`gateway.realtime.session.Realtime` registers one per accepted session in
+    ``Runtime.sessions``; :meth:`view` is called only when somebody looks."""
+
+    def view(self) -> dict[str, Any]: ...
+
+
 class Pricing(Protocol):
     """What prices a finished request (:class:`gateway.spend.Prices`)."""
 
@@ -393,6 +401,9 @@ class RequestContext:
     call: Call | None = None
     #: the client went away before the answer was complete (status 499)
     disconnected = False
+    #: a realtime session's own facts, set at its end for the live view (messages each way,
+    #: close code, responses with TTFT: :meth:`gateway.realtime.session.Realtime` writes it)
+    realtime: Mapping[str, Any] | None = None
 
     def __init__(self, scope: Scope, timeline: Timeline) -> None:
         self.scope = scope

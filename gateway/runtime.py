@@ -12,10 +12,11 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.cache.service import ResponseCache, make_store
 from gateway.config import Config
+from gateway.context import LiveSession
 from gateway.hops.auth import Auth, build_auth
 from gateway.hops.edge import Edge
 from gateway.hops.fleet import Fleet
@@ -60,6 +61,8 @@ class Runtime:
     recent: RecentRequests | None = None
     #: the model servers' load scrapers (docs/spec.md §21; None: no backend reports load)
     fleet: Fleet | None = None
+    #: open realtime sessions by request id (docs/spec.md §19), for the live view
+    sessions: dict[str, LiveSession] = field(default_factory=dict)
 
     def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
         """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""

@@ -96,6 +96,7 @@ class ModelResponse:
 
     __slots__ = (
         "cached_tokens",
+        "cost_usd",
         "created",
         "done",
         "first_delta",
@@ -119,12 +120,33 @@ class ModelResponse:
         self.output_tokens: int | None = None
         self.cached_tokens: int | None = None
         self.reasoning_tokens: int | None = None
+        #: USD for this response's usage (docs/spec.md §20; None: no price, or no usage)
+        self.cost_usd: float | None = None
         self.span_id = 0
 
     def ttft(self) -> float | None:
         if self.first_delta is None or self.trigger is None:
             return None
         return max(0.0, self.first_delta - self.trigger)
+
+    def reported(self) -> bool:
+        """Whether ``response.done`` told usage."""
+        return self.input_tokens is not None or self.output_tokens is not None
+
+    def view(self) -> dict[str, Any]:
+        """What the live view shows of it (docs/spec.md §19: responses with TTFT)."""
+        ttft = self.ttft()
+        done = self.done
+        return {
+            "id": self.id,
+            "status": self.status,
+            "ttft_ms": None if ttft is None else round(ttft * 1000, 3),
+            "duration_ms": None if done is None else round((done - self.created) * 1000, 3),
+            "input_tokens": self.input_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+        }
 
     def usage(self, usage: Any) -> None:
         if not isinstance(usage, dict):

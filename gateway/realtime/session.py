@@ -23,6 +23,7 @@ import asyncio
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -30,7 +31,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from gateway.context import RECEIVED_AT, Attempt, Call, RequestContext
+from gateway.context import RECEIVED_AT, Attempt, Call, RequestContext, Usage
 from gateway.errors import (
     ClientGone,
     Forbidden,
@@ -58,6 +59,8 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."
 _MODEL = re.compile(r"[^\x00-\x1f\x7f]{1,%d}" % MAX_MODEL_CHARS)  # noqa: UP031
 #: the ASGI extension that lets an app answer a WebSocket handshake with an HTTP response
 _HTTP_RESPONSE = "websocket.http.response"
+#: the finished responses of a session the live view keeps (the most recent ones)
+RESPONSES_KEPT = 50
 
 
 def _http_send(scope: Scope, send: Send) -> Send:
@@ -116,6 +119,52 @@ async def refuse_upgrade(
         return
 
 
+class LiveSession:
+    """One session as the live view sees it (:class:`gateway.context.LiveSession`): registered
+    in ``Runtime.sessions`` while open, its :meth:`summary` set on the context at the end.
+    Nothing here runs per message: the relay's counters are read when somebody looks."""
+
+    __slots__ = ("ctx", "done", "facts", "relay", "responses")
+
+    def __init__(self, ctx: RequestContext, facts: SessionFacts, responses: Responses) -> None:
+        self.ctx = ctx
+        self.facts = facts
+        self.responses = responses
+        self.relay: Relay | None = None
+        #: the most recent finished responses
+        self.done: deque[ModelResponse] = deque(maxlen=RESPONSES_KEPT)
+
+    def summary(self) -> dict[str, Any]:
+        """Messages each way, the close, the responses with TTFT (docs/spec.md §19)."""
+        facts = self.facts
+        stats = self.relay.stats if self.relay is not None else None
+        return {
+            "messages_in": stats.messages_in if stats is not None else facts.messages_in,
+            "messages_out": stats.messages_out if stats is not None else facts.messages_out,
+            "close_code": facts.close_code,
+            "closed_by": facts.by,
+            "close_reason": facts.close_reason,
+            "responses_total": self.responses.count,
+            "responses": [r.view() for r in self.done],
+        }
+
+    def view(self) -> dict[str, Any]:
+        """An open session, for ``GET /_gateway/api/realtime``."""
+        ctx = self.ctx
+        attempt = ctx.attempts[-1] if ctx.attempts else None
+        return {
+            "request_id": ctx.request_id,
+            "model": ctx.model,
+            "tenant": ctx.tenant,
+            "route": ctx.call.route.name if ctx.call is not None else None,
+            "backend": attempt.backend.name if attempt is not None else None,
+            "started_ns": ctx.timeline.wall_ns,
+            "duration_ms": round((time.perf_counter() - ctx.timeline.received) * 1000, 3),
+            "open": True,
+            **self.summary(),
+        }
+
+
 class Realtime:
     """``GET /v1/realtime`` of one runtime: sessions, each in its own context."""
 
@@ -158,7 +207,8 @@ class Realtime:
         out = ResponseWriter(ctx, _http_send(scope, send), rt.telemetry.headers_at_start)
         facts = SessionFacts()
         upstream: UpstreamSocket | None = None
-        responses = Responses(lambda r: self._response_done(ctx, r))
+        responses = Responses(lambda r: self._response_done(ctx, r, live))
+        live = LiveSession(ctx, facts, responses)
         end: End | None = None
         relay: Relay | None = None
         try:
@@ -181,6 +231,8 @@ class Realtime:
                 observe_in=self._observe_in,
                 observe_out=self._observe_out,
             )
+            live.relay = relay
+            rt.sessions[ctx.request_id] = live
             end = await relay.run()
         except GatewayError as exc:
             ctx.answer.error = exc
@@ -195,8 +247,9 @@ class Realtime:
             if upstream is not None and end is None:  # accepted but the relay never ran
                 await upstream.close(1001, "client went away")
             if relay is not None:
+                rt.sessions.pop(ctx.request_id, None)
                 facts.count(relay.stats)
-            self._finish(ctx, facts, end, responses)
+            self._finish(ctx, facts, end, live)
 
     # ------------------------------------------------------------ before the upgrade
 
@@ -254,29 +307,35 @@ class Realtime:
 
     # ------------------------------------------------------------ responses, as they end
 
-    def _response_done(self, ctx: RequestContext, response: ModelResponse) -> None:
-        """Telemetry of one model response, when its ``response.done`` was written."""
-        answer = ctx.answer
-        if response.input_tokens is not None or response.output_tokens is not None:
-            answer.usage(
-                (answer.input_tokens or 0) + (response.input_tokens or 0),
-                (answer.output_tokens or 0) + (response.output_tokens or 0),
-            )
+    def _response_done(
+        self, ctx: RequestContext, response: ModelResponse, live: LiveSession
+    ) -> None:
+        """Telemetry of one model response, when its ``response.done`` was written: tokens,
+        cost (docs/spec.md §20), the ``tpm`` and budget debit, its span, the live view."""
+        live.done.append(response)
+        usage = _usage(response)
+        if usage is not None:
+            _add_usage(ctx.answer.tokens, usage)  # the session's totals: its span, log, record
+            price = self.rt.auth.prices.for_request(ctx)
+            if price is not None:
+                response.cost_usd = price.cost(usage)
         metrics = self.metrics
         if metrics is not None:
             model = metrics.model_label(ctx)
             ttft = response.ttft()
             if ttft is not None:
                 metrics.ttft.observe((model,), ttft)
-            metrics.count_tokens(
-                model,
-                response.input_tokens,
-                response.output_tokens,
-                response.cached_tokens,
-                None,
-                response.reasoning_tokens,
-            )
-        _debit(self.rt, ctx, response)
+            if usage is not None:
+                metrics.count_tokens(
+                    model, usage.input, usage.output, usage.cached_input, None, usage.reasoning
+                )
+                if response.cost_usd is not None:
+                    route = ctx.call.route.name if ctx.call is not None else "none"
+                    metrics.spend.cost.inc((route, model, ctx.tenant or "-"), response.cost_usd)
+                else:
+                    metrics.spend.unpriced.inc((model,))
+        if usage is not None:
+            _debit(self.rt, ctx, usage, response.cost_usd)
         self._export_response(ctx, response)
 
     def _export_response(self, ctx: RequestContext, response: ModelResponse) -> None:
@@ -290,8 +349,9 @@ class Realtime:
     # ------------------------------------------------------------ the end
 
     def _finish(
-        self, ctx: RequestContext, facts: SessionFacts, end: End | None, responses: Responses
+        self, ctx: RequestContext, facts: SessionFacts, end: End | None, live: LiveSession
     ) -> None:
+        responses = live.responses
         t = ctx.timeline
         t.done = done = time.perf_counter()
         if end is not None:
@@ -312,9 +372,11 @@ class Realtime:
                 session_spans(ctx, trace, edges, self._hop_base, facts, self.rt.tracing.auth_mode)
             )
         self._metrics(ctx, facts, edges)
-        self._log(ctx, facts)
+        _log(self.rt, ctx, facts)
         recent = self.rt.recent
         if recent is not None:
+            if facts.accepted is not None:
+                ctx.realtime = live.summary()
             recent(ctx, edges)
 
     def _settle(self, ctx: RequestContext, end: End | None, done: float) -> None:
@@ -342,29 +404,6 @@ class Realtime:
         route = ctx.call.route.name if ctx.call is not None else "none"
         metrics.requests.inc((route, metrics.model_label(ctx), "101"))
 
-    def _log(self, ctx: RequestContext, facts: SessionFacts) -> None:
-        access = self.rt.telemetry.access_log
-        if not access.wants(ctx):
-            return
-        record = line(ctx)
-        record["path"] = ROUTE
-        if facts.accepted is not None:
-            setup_upstream = 0.0
-            if ctx.attempts and facts.handshake_done is not None:
-                setup_upstream = facts.handshake_done - ctx.attempts[-1].start
-            setup = facts.accepted - ctx.timeline.received
-            record["overhead_ms"] = round(
-                max(0.0, setup - setup_upstream - ctx.timeline.backoff) * 1000, 3
-            )
-            record["realtime"] = {
-                "messages_in": facts.messages_in,
-                "messages_out": facts.messages_out,
-                "responses": facts.responses,
-                "close_code": facts.close_code,
-                "closed_by": facts.by,
-            }
-        access.logger.info(orjson.dumps(record).decode())
-
 
 def _take_key(ctx: RequestContext, subprotocols: Any) -> list[str]:
     """The subprotocols to offer upstream: all the client offered but the one carrying its key,
@@ -389,12 +428,56 @@ async def _answer(out: ResponseWriter, exc: GatewayError) -> None:
 __all__ = ["KEY_SUBPROTOCOL", "Realtime", "refuse_upgrade"]
 
 
-def _debit(rt: Runtime, ctx: RequestContext, response: ModelResponse) -> None:
+def _log(rt: Runtime, ctx: RequestContext, facts: SessionFacts) -> None:
+    """The session's one access-log line, with its realtime block."""
+    access = rt.telemetry.access_log
+    if not access.wants(ctx):
+        return
+    record = line(ctx)
+    record["path"] = ROUTE
+    if facts.accepted is not None:
+        setup_upstream = 0.0
+        if ctx.attempts and facts.handshake_done is not None:
+            setup_upstream = facts.handshake_done - ctx.attempts[-1].start
+        setup = facts.accepted - ctx.timeline.received
+        record["overhead_ms"] = round(
+            max(0.0, setup - setup_upstream - ctx.timeline.backoff) * 1000, 3
+        )
+        record["realtime"] = {
+            "messages_in": facts.messages_in,
+            "messages_out": facts.messages_out,
+            "responses": facts.responses,
+            "close_code": facts.close_code,
+            "closed_by": facts.by,
+        }
+    access.logger.info(orjson.dumps(record).decode())
+
+
+def _usage(response: ModelResponse) -> Usage | None:
+    """The usage ``response.done`` told, as the one record tokens and cost are read from."""
+    if not response.reported():
+        return None
+    usage = Usage()
+    usage.input, usage.output = response.input_tokens, response.output_tokens
+    usage.parts(response.cached_tokens, None, response.reasoning_tokens)
+    return usage
+
+
+def _add_usage(total: Usage, usage: Usage) -> None:
+    """Add one response's usage to the session's (cost is linear in it: the session's cost is
+    the sum of its responses')."""
+    total.input = (total.input or 0) + (usage.input or 0)
+    total.output = (total.output or 0) + (usage.output or 0)
+    total.cached_input += usage.cached_input
+    total.reasoning += usage.reasoning
+
+
+def _debit(rt: Runtime, ctx: RequestContext, usage: Usage, usd: float | None) -> None:
     """``tpm`` and budgets (what the auth hop settles per answer) for one response: the auth
-    hop's own end-of-request sink, told about a context holding this response's usage only —
-    cached and reasoning tokens included, so cached input is priced as such — so the session's
-    running totals are never debited twice."""
-    if ctx.limit_key is None or not (response.input_tokens or response.output_tokens):
+    hop's own end-of-request sink, told about a context holding this response's usage and
+    cost only — cached and reasoning tokens included — so the session's running totals are
+    never debited twice."""
+    if ctx.limit_key is None or not usage.total:
         return
     one = RequestContext(ctx.scope, ctx.timeline)
     one.limit_key, one.tenant, one.model, one.call = (
@@ -404,6 +487,7 @@ def _debit(rt: Runtime, ctx: RequestContext, response: ModelResponse) -> None:
         ctx.call,
     )
     one.attempts = ctx.attempts
-    one.answer.usage(response.input_tokens, response.output_tokens)
-    one.answer.tokens.parts(response.cached_tokens, None, response.reasoning_tokens)
+    one.answer.tokens = usage
+    one.answer.pricing = ctx.answer.pricing
+    one.answer.cost_usd, one.answer.costed = usd, True
     rt.auth.finished(one)

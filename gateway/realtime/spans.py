@@ -20,6 +20,7 @@ import random
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.realtime.events import ModelResponse
 from gateway.realtime.relay import Stats
+from gateway.spend import cost
 from gateway.telemetry import otlp
 from gateway.telemetry.spans import EdgeHop
 
@@ -281,6 +282,11 @@ def _context_attrs(ctx: RequestContext) -> list[bytes]:
         attrs.append(_s("gen_ai.usage.input_tokens", answer.input_tokens))
     if answer.output_tokens is not None:
         attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
+    if answer.tokens.cached_input:
+        attrs.append(_s("gen_ai.usage.cache_read.input_tokens", answer.tokens.cached_input))
+    usd = cost(ctx)  # the sum of its responses' (docs/spec.md §20)
+    if usd is not None:
+        attrs.append(_f("gateway.cost_usd", usd))
     return attrs
 
 
@@ -324,6 +330,8 @@ def response_span(
         attrs.append(_s("gen_ai.usage.output_tokens", response.output_tokens))
     if response.reasoning_tokens is not None:
         attrs.append(_s("gen_ai.usage.reasoning.output_tokens", response.reasoning_tokens))
+    if response.cost_usd is not None:
+        attrs.append(_f("gateway.cost_usd", response.cost_usd))
     status = otlp.STATUS_ERROR if response.status == "failed" else otlp.STATUS_UNSET
     end = response.done if response.done is not None else tree.done
     return tree.child(
