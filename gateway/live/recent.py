@@ -34,6 +34,12 @@ backoff_ms``: a wait is neither the upstream's time nor the gateway's own.
 router) and ``cache store`` (after the answer went out). Points the request never reached are
 left out; a segment that would end before it starts is zero long, never negative.
 
+A realtime session (docs/spec.md §19) is one record too, its ``GET /v1/realtime`` with status
+101: the hops are the handshake's and the session's (the upstream attempt lasts as long as the
+session), and ``realtime`` holds what the session set on its context at the end (messages each
+way, the close code and who closed, its last responses with TTFT, tokens and cost). Plain
+requests have no ``realtime`` key. :func:`stats` leaves sessions out.
+
 Prompts and completions are kept (truncated to :data:`CONTENT_LIMIT` characters) only when the
 buffer is made with ``capture=True`` (``tracing.capture_content``).
 """
@@ -90,7 +96,8 @@ _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str
     _EDGE_MARKS,
     _CONTENT,
     _BACKOFF,
-) = range(26)
+    _REALTIME,
+) = range(27)
 
 
 def _attempt_row(a: Attempt) -> _AttemptRow:
@@ -106,7 +113,9 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
     Only tuples, numbers and strings: such a tuple is untracked by the garbage collector once
     it has been looked at, so 500 of them in the ring — each surviving long enough to reach the
     oldest generation and dying there — add nothing to the collector's full walks (as lists
-    and dicts in it did: measured at ~10 µs a request in ``loadtests/features.py``)."""
+    and dicts in it did: measured at ~10 µs a request in ``loadtests/features.py``). The one
+    exception is a realtime session's ``ctx.realtime`` (a mapping the session made once, at its
+    end, kept by reference): sessions are few, and the tuple of a plain request holds None."""
     t = ctx.timeline
     call = ctx.call
     answer = ctx.answer
@@ -141,6 +150,7 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         tuple(ctx.edge_marks.items()) if ctx.edge_marks else (),
         _content(ctx) if capture else None,
         t.backoff,
+        ctx.realtime,  # a session's facts: one small mapping made at its end, kept as is
     )
 
 
@@ -345,7 +355,21 @@ def format_record(snap: tuple[Any, ...]) -> dict[str, Any]:
     }
     if snap[_CONTENT] is not None:
         record["input"], record["output"] = snap[_CONTENT]
+    if snap[_REALTIME] is not None:
+        record["realtime"] = realtime_json(snap[_REALTIME])
     return record
+
+
+def realtime_json(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """A realtime session's facts as the record's ``realtime`` (docs/spec.md §19): messages each
+    way, how it closed, its last responses with TTFT (copied: the record is the view's own).
+
+    >>> realtime_json({"messages_in": 3, "responses": [{"id": "r1", "ttft_ms": 4.5}]})
+    {'messages_in': 3, 'responses': [{'id': 'r1', 'ttft_ms': 4.5}]}
+    """
+    out = dict(facts)
+    out["responses"] = [dict(r) for r in facts.get("responses") or ()]
+    return out
 
 
 def _attempt_json(a: _AttemptRow, clock: _Clock, done: float) -> dict[str, Any]:
@@ -379,9 +403,14 @@ def percentiles(values: Iterable[float], ps: Sequence[int] = PERCENTILES) -> dic
 
 
 def stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """p50/p90/p99 of request time, overhead and TTFT over ``records``."""
+    """p50/p90/p99 of request time, overhead and TTFT over the requests among ``records``.
+
+    Realtime sessions are left out: a session's "request time" is how long it stayed open (up
+    to an hour), which says nothing about the gateway's latency; their responses' TTFT are in
+    their ``realtime`` records (and in ``gateway_time_to_first_token_seconds``)."""
+    requests = [r for r in records if r.get("realtime") is None]
     return {
-        key: percentiles([r[key] for r in records if r[key] is not None])
+        key: percentiles([r[key] for r in requests if r[key] is not None])
         for key in ("request_ms", "overhead_ms", "ttft_ms", "upstream_ms")
     }
 
@@ -496,4 +525,12 @@ class RecentRequests:
         self._watchers.clear()
 
 
-__all__ = ["RecentRequests", "Watcher", "format_record", "percentiles", "snapshot", "stats"]
+__all__ = [
+    "RecentRequests",
+    "Watcher",
+    "format_record",
+    "percentiles",
+    "realtime_json",
+    "snapshot",
+    "stats",
+]

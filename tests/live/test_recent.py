@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gateway.config import BackendConfig, RouteConfig
 from gateway.context import Attempt, Call, RequestContext, Timeline
 from gateway.errors import UpstreamError
-from gateway.live.recent import RecentRequests, format_record, percentiles, snapshot
+from gateway.live.recent import RecentRequests, format_record, percentiles, snapshot, stats
 from gateway.routes import Backend, Route
 from gateway.telemetry.server_timing import edge_intervals
 
@@ -239,6 +239,61 @@ def test_prompts_and_completions_only_with_capture_content():
     captured = record(ctx, capture=True)
     assert "the secret prompt" in captured["input"]
     assert captured["output"] == "the secret answer"
+
+
+def session_facts(**kw: object) -> dict:
+    """What a realtime session sets on its context at its end (gateway/context.py)."""
+    response = {
+        "id": "resp_1",
+        "status": "completed",
+        "ttft_ms": 12.5,
+        "duration_ms": 40.0,
+        "input_tokens": 3,
+        "cached_tokens": 0,
+        "output_tokens": 7,
+        "cost_usd": 0.0001,
+    }
+    facts = {
+        "messages_in": 3,
+        "messages_out": 12,
+        "close_code": 1000,
+        "closed_by": "client",
+        "close_reason": "",
+        "responses_total": 1,
+        "responses": [response],
+    }
+    return {**facts, **kw}
+
+
+def test_a_realtime_session_carries_its_facts_and_a_request_has_no_such_key():
+    plain = record(context())
+    assert "realtime" not in plain
+    ctx = context(attempts=[(0.004, 0.010, 0.050)], done=0.050)
+    ctx.path, ctx.method = "/v1/realtime", "GET"
+    ctx.answer.status = 101
+    facts = session_facts()
+    ctx.realtime = facts
+    recent = RecentRequests(10)
+    recent(ctx, [])
+    (rec,) = recent.records()
+    assert rec["realtime"] == facts and rec["status"] == 101
+    assert rec["realtime"] is not facts  # the record is the view's own copy...
+    assert rec["realtime"]["responses"][0] is not facts["responses"][0]
+    assert set(rec) == set(plain) | {"realtime"}  # ...and otherwise a request's record
+    assert_tiles(rec)
+    assert orjson.loads(orjson.dumps(rec))["realtime"]["responses"][0]["ttft_ms"] == 12.5
+
+
+def test_sessions_stay_out_of_the_latency_percentiles():
+    recent = RecentRequests(10)
+    recent(context(done=0.020), [])
+    session = context(done=3600.0)  # an hour open
+    session.realtime = session_facts()
+    recent(session, [])
+    records = recent.records()
+    assert len(records) == 2
+    got = stats(records)
+    assert got["request_ms"]["count"] == 1 and got["request_ms"]["p99"] == 20.0
 
 
 def test_a_watcher_gets_the_backlog_then_live_records_and_a_slow_one_is_dropped():
