@@ -17,6 +17,9 @@ Models (the ``model`` query parameter the gateway passes on):
 - ``stall``: nothing is read from the gateway until :meth:`RealtimeUpstream.release`; the
   socket's receive buffer is small, so the gateway's writes soon wait;
 - ``badtext``: after the first client message, a text frame that is not UTF-8.
+- ``vad``: server VAD — an ``input_audio_buffer.append`` is answered, :data:`VAD_PAUSE_S` later,
+  by ``input_audio_buffer.committed`` and :data:`VAD_PAUSE_S` after that by a response, with
+  no ``response.create`` from the client.
 
 Every handshake (path, headers, offered subprotocols) and every session's messages and the close
 the gateway sent are recorded for the test to check.
@@ -43,6 +46,8 @@ from tests.support import free_port
 
 #: the key the test configs make the gateway send upstream (tests/conftest.py sets it)
 BACKEND_KEY = "sk-backend-secret-for-tests"
+#: model "vad": the pause before the commit, and between the commit and the response
+VAD_PAUSE_S = 0.3
 
 
 @dataclass
@@ -233,6 +238,8 @@ class RealtimeUpstream:
                 kind = orjson.loads(message).get("type")
         if kind == "response.create":
             await self._respond(conn, seen)
+        elif kind == "input_audio_buffer.append" and model == "vad":
+            await self._vad_turn(conn, seen)
         elif model == "echo":
             await conn.send(message)
         return False
@@ -247,6 +254,14 @@ class RealtimeUpstream:
             await conn.send(i.to_bytes(4, "big") + filler)
             seen.blocked = False
             seen.sent_at.append(time.perf_counter())
+
+    async def _vad_turn(self, conn: ServerConnection, seen: Seen) -> None:
+        """Server VAD: the speaker stops (VAD_PAUSE_S after the audio), the buffer is committed,
+        the model answers VAD_PAUSE_S later — with no ``response.create`` from the client."""
+        await asyncio.sleep(VAD_PAUSE_S)
+        await conn.send(orjson.dumps({"type": "input_audio_buffer.committed"}).decode())
+        await asyncio.sleep(VAD_PAUSE_S)
+        await self._respond(conn, seen)
 
     async def _respond(self, conn: ServerConnection, seen: Seen) -> None:
         rid = f"resp_{len(seen.received)}"

@@ -24,6 +24,7 @@ from tests.otlp_receiver import OTLPReceiver
 from tests.realtime.test_handshake import run, ws_url
 from tests.realtime.test_relay import CREATE
 from tests.realtime.test_session import sdk_turn
+from tests.realtime_support import VAD_PAUSE_S
 from tests.support import config_for
 
 
@@ -229,3 +230,33 @@ def test_the_sdk_session_through_the_embedded_default_is_traced(gateway, receive
     (response,) = [s for s in spans if s.name == "realtime response"]
     assert response.attributes["gen_ai.usage.output_tokens"] > 0
     assert response.attributes["gateway.ttft_ms"] >= 0
+
+
+def test_with_server_vad_ttft_counts_from_the_upstreams_commit(
+    gateway, realtime_upstream, receiver
+):
+    """No response.create: the turn the response answers ended when the upstream committed the
+    audio buffer, so TTFT runs from that event's write to the client (docs/spec.md §19) — not
+    from the client's audio, VAD_PAUSE_S earlier."""
+    up = realtime_upstream(deltas=2)
+    gw = gateway(config_for(up.url, extra=traced(receiver.endpoint)))
+
+    async def talk() -> float:
+        async with connect(ws_url(gw, model="vad"), open_timeout=10) as ws:
+            await ws.recv()
+            spoke = time.perf_counter()
+            await ws.send('{"type":"input_audio_buffer.append","audio":"AAAA"}')
+            while orjson.loads(await ws.recv())["type"] != "response.output_text.delta":
+                pass
+            heard = time.perf_counter()
+            while orjson.loads(await ws.recv())["type"] != "response.done":
+                pass
+        return (heard - spoke) * 1000
+
+    client_ms = run(talk())
+    spans = receiver.wait_for(lambda s: any(x.name == "realtime response" for x in s))
+    (response,) = [s for s in spans if s.name == "realtime response"]
+    ttft = response.attributes["gateway.ttft_ms"]
+    # the commit was written at least VAD_PAUSE_S after the audio was sent, and the first delta
+    # before the client read it: measured from the audio instead, it would exceed this bound
+    assert 0 < ttft <= client_ms - VAD_PAUSE_S * 1000
