@@ -9,6 +9,7 @@ Endpoints under ``[ui] path`` (``/_gateway/``), all answered here, outside any r
 ``GET {path}api/backends``         backends with their passive health, as ``/readyz`` has it
 ``POST|DELETE {path}api/session``  sign in (sets the view's session cookie) / sign out
 ``GET {path}api/spend``            budgets per tenant and key: spent, reserved, reset (§20)
+``GET {path}api/realtime``         the realtime sessions open now, newest first (§19)
 =================================  ==================================================
 
 The view's own requests are not recorded, traced or access-logged (they never enter a
@@ -185,6 +186,7 @@ class LiveView:
         table[p + "api/backends"] = self.backends
         table[p + "api/session"] = self.session
         table[p + "api/spend"] = self.spend
+        table[p + "api/realtime"] = self.realtime
         return table
 
     # ------------------------------------------------------------ auth
@@ -310,6 +312,17 @@ class LiveView:
         out = await self._open(rt, scope, send, "GET")
         if out is not None:
             await out.json(200, await rt.auth.spend())
+
+    async def realtime(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+        """The realtime sessions open in this process now (docs/spec.md §19), newest first:
+        each one's own :meth:`~gateway.context.LiveSession.view` (asked here, when somebody
+        reads, never on the session's path). Finished sessions are records of ``api/requests``."""
+        out = await self._open(rt, scope, send, "GET")
+        if out is None:
+            return
+        views = [s.view() for s in list(rt.sessions.values())]
+        views.sort(key=lambda v: v["started_ns"], reverse=True)
+        await out.json(200, {"open": views, "now": round(time.time(), 3)})
 
     async def session(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         """POST: check the admin key in the headers and set the session cookie; DELETE: sign

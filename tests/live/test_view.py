@@ -585,7 +585,7 @@ def _bearer(key: str) -> dict[str, str]:
 def test_with_auth_on_the_view_refuses_callers_without_an_admin_key(keyed, caplog, access_log):
     caplog.set_level(logging.DEBUG)
     view = keyed.url + "/_gateway/"
-    for path in ("api/requests", "api/stream", "api/backends"):
+    for path in ("api/requests", "api/stream", "api/backends", "api/realtime"):
         r = httpx2.get(view + path)
         assert r.status_code == 401, path
         assert r.json()["error"]["type"] == "authentication_error"
@@ -657,6 +657,10 @@ def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, cap
     jar = {live.COOKIE: cookie.split(";")[0].split("=", 1)[1]}
     with httpx2.Client(cookies=jar, timeout=10) as c:
         assert c.get(view + "api/requests").status_code == 200
+        assert c.get(view + "api/realtime").json() == {
+            "open": [],
+            "now": pytest.approx(time.time(), abs=60),
+        }
         with c.stream("GET", view + "api/stream") as resp:
             assert resp.status_code == 200
     with chromium() as (page, errors):
@@ -695,6 +699,7 @@ def test_the_view_is_on_in_the_embedded_default_and_off_when_disabled(gateway, m
     assert off.app.runtime is not None and off.app.runtime.recent is None
     assert httpx2.get(off.url + "/_gateway/").status_code == 404
     assert httpx2.get(off.url + "/_gateway/api/requests").status_code == 404
+    assert httpx2.get(off.url + "/_gateway/api/realtime").status_code == 404
 
 
 def test_the_page_ships_inside_the_package():
