@@ -25,6 +25,7 @@ from gateway.config import load_config
 from gateway.live import view as live
 from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.faults import FaultyUpstream
+from tests.live.test_realtime import turn
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.support import GatewayServer, SeenRequest, free_port, gateway_config, http_response
 
@@ -291,6 +292,8 @@ def test_the_page_draws_each_request_as_a_waterfall_and_updates_live(lv):
         page.wait_for_selector(f'tr[data-id="{lv.ids["live"]}"]', timeout=10_000)
         assert page.evaluate("window.__notReloaded") is True
         assert page.evaluate(_ROWS_JS)[0]["id"] == lv.ids["live"]
+        check_realtime_sessions(page, lv)
+        assert page.evaluate("window.__notReloaded") is True
         assert errors == []
 
 
@@ -319,6 +322,68 @@ def check_stats_filters_and_backends(page: Page, api: dict[str, Any], lv: Live) 
     backend = page.locator('#backends tr[data-backend="up"]')
     backend.wait_for()
     assert "in rotation" in backend.inner_text()
+
+
+_OPEN_JS = """
+id => {
+  const tr = document.querySelector(`#sessions tr[data-id="${id}"]`);
+  return {cells: [...tr.children].map(td => td.textContent), in: Number(tr.dataset.messagesIn),
+          out: Number(tr.dataset.messagesOut), responses: Number(tr.dataset.responses),
+          hidden: document.getElementById('sessions-section').hidden};
+}
+"""
+_RESPONSES_JS = """
+() => [...document.querySelectorAll('#d-responses tbody tr.response')].map(tr => ({
+  id: tr.dataset.id, ttft: tr.querySelector('td.ttft').textContent,
+  tokensOut: tr.querySelector('td.tokens-out').textContent,
+}))
+"""
+
+
+def check_realtime_sessions(page: Page, lv: Live) -> None:
+    """A realtime session on the open page: listed under "Open sessions" (the page polls it)
+    with its messages and response, then, once closed, a WS row with its close code whose
+    detail lists the responses with TTFT."""
+    assert page.is_hidden("#sessions-section")  # hidden when none is open
+    session = lv.ids["ws"] = rid("ws")
+    with lv.client.realtime.connect(
+        model="mock-gpt-4o", extra_headers={"x-request-id": session}, max_retries=0
+    ) as conn:
+        conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        types, done = turn(conn, "show me the session")
+        page.wait_for_selector(f'#sessions tr[data-id="{session}"]', timeout=10_000)
+        row = page.evaluate(_OPEN_JS, session)
+        assert not row["hidden"] and row["in"] == 3 and row["out"] == len(types)
+        assert row["responses"] == 1 and session in row["cells"][1]
+        assert row["cells"][3:5] == ["chat", "up"]
+        page.click(f'#sessions tr[data-id="{session}"]')
+        assert page.text_content("#d-kind") == "Open session"
+        (shown,) = page.evaluate(_RESPONSES_JS)
+        assert shown["id"] == done.response.id and float(shown["ttft"]) > 0
+        assert shown["tokensOut"] == str(done.response.usage.output_tokens)
+    # closed: its record comes by the live feed; the open list is empty again
+    tr = f'#requests tr.ws[data-id="{session}"]'
+    page.wait_for_selector(tr, timeout=10_000)
+    page.wait_for_function("() => document.getElementById('sessions-section').hidden")
+    rec = next(r for r in lv.api()["requests"] if r["id"] == session)
+    rt = rec["realtime"]
+    assert page.get_attribute(tr, "data-close-code") == "1000" == str(rt["close_code"])
+    assert page.get_attribute(tr, "data-messages-out") == str(rt["messages_out"])
+    assert page.text_content(f"{tr} td.method .badge") == "WS"
+    summary = page.text_content(f"{tr} .session-sum")
+    assert "messages in 3 / out " + str(rt["messages_out"]) in summary
+    assert "1 response" in summary and "close 1000 by client" in summary
+    # the detail that showed the open session now shows the finished one
+    page.wait_for_function("() => document.getElementById('d-kind').textContent === 'Session'")
+    page.click("#d-close")
+    page.click(tr)
+    assert page.text_content("#d-kind") == "Session" and page.is_visible("#d-responses")
+    (shown,) = page.evaluate(_RESPONSES_JS)
+    ttft = rt["responses"][0]["ttft_ms"]
+    assert shown["id"] == done.response.id and float(shown["ttft"]) == pytest.approx(ttft, abs=0.1)
+    # a request shows no responses table
+    page.click(f'#requests tr[data-id="{lv.ids["json"]}"]')
+    assert page.text_content("#d-kind") == "Request" and page.is_hidden("#d-responses")
 
 
 # ---------------------------------------------------------------- the API and the spans
@@ -396,7 +461,8 @@ def test_filters_in_the_api(lv):
     assert len(errors[0]["attempts"]) == 3
     slow = lv.api(slow="1")
     assert lv.ids["slow"] in {r["id"] for r in slow["requests"]}
-    assert slow["stats"]["request_ms"]["count"] == len(slow["requests"])
+    requests = [r for r in slow["requests"] if "realtime" not in r]  # sessions are left out
+    assert slow["stats"]["request_ms"]["count"] == len(requests)
     assert lv.api(limit="1")["requests"][0]["seq"] == lv.api()["buffer"]["last"]
     for params, code in (({"status": "6zz"}, "invalid_status"), ({"key": "x"}, None)):
         r = httpx2.get(lv.view + "api/requests", params=params)

@@ -1,6 +1,7 @@
 // llm-gateway live view: plain JavaScript, no build step, nothing fetched from elsewhere.
 // Data comes from the gateway itself: api/requests (the ring buffer), api/stream (SSE, one
-// event per finished request), api/backends. Every value from a request is put into the page
+// event per finished request or realtime session), api/backends, api/spend, api/realtime (the
+// realtime sessions open now). Every value from a request is put into the page
 // with textContent / dataset, never parsed as HTML.
 "use strict";
 
@@ -17,6 +18,8 @@
     scheduled: false,
     opened: 0,
     backendTimer: null,
+    open: new Map(), // request id -> an open realtime session (api/realtime)
+    selectedOpen: null, // the open session shown in the detail
   };
 
   function el(tag, cls, text) {
@@ -81,10 +84,12 @@
     connect();
     loadBackends();
     loadSpend();
+    loadRealtime();
     if (state.backendTimer === null) {
       state.backendTimer = setInterval(() => {
         loadBackends();
         loadSpend();
+        loadRealtime();
       }, 5000);
     }
   }
@@ -118,8 +123,10 @@
       setConn("live");
     });
     es.addEventListener("request", (ev) => {
-      add(JSON.parse(ev.data), true);
+      const rec = JSON.parse(ev.data);
+      add(rec, true);
       schedule();
+      if (rec.realtime) loadRealtime(); // a session ended: it is no longer open
     });
     es.addEventListener("error", () => {
       if (es.readyState === EventSource.CLOSED) {
@@ -298,7 +305,10 @@
     refreshOptions("f-route", "route");
   }
 
-  function renderStats(records) {
+  // over the requests shown; realtime sessions are left out (their "request time" is how long
+  // they stayed open), as gateway/live/recent.py's stats() leaves them out
+  function renderStats(shown) {
+    const records = shown.filter((r) => !r.realtime);
     for (const card of document.querySelectorAll("#stats .card")) {
       const key = card.dataset.metric;
       const values = records.map((r) => r[key]).filter((v) => v !== null && v !== undefined);
@@ -347,6 +357,7 @@
     d.totalMs = rec.total_ms;
     d.edgeMs = rec.edge_ms;
     if (rec.status >= 400 || rec.error) tr.classList.add("err");
+    if (state.selected === rec.seq) tr.classList.add("selected");
     if (rec._fresh) {
       tr.classList.add("fresh");
       setTimeout(() => tr.classList.remove("fresh"), 1600);
@@ -354,11 +365,21 @@
     const when = new Date(rec.time * 1000);
     const time = when.toLocaleTimeString([], { hour12: false }) + "." + String(when.getMilliseconds()).padStart(3, "0");
     const wf = el("td", "wf-cell");
-    wf.append(waterfall(rec));
+    const method = el("td", "method", rec.method);
+    if (rec.realtime) {
+      tr.classList.add("ws");
+      d.messagesIn = rec.realtime.messages_in;
+      d.messagesOut = rec.realtime.messages_out;
+      d.closeCode = rec.realtime.close_code ?? "";
+      method.append(badge());
+      wf.append(sessionSummary(rec));
+    } else {
+      wf.append(waterfall(rec));
+    }
     tr.append(
       el("td", "mono", time),
       el("td", "mono id", rec.id),
-      el("td", "", rec.method),
+      method,
       el("td", "mono path", rec.path),
       el("td", "mono", rec.model || "–"),
       el("td", "", rec.route || "–"),
@@ -379,6 +400,174 @@
     tr.addEventListener("click", () => select(rec));
     state.rows.set(rec.seq, tr);
     return tr;
+  }
+
+  // ---------------------------------------------------------------- realtime sessions (§19)
+
+  function badge() {
+    const b = el("span", "badge", "WS");
+    b.title = "realtime session (WebSocket)";
+    return b;
+  }
+
+  // how long a session was (or has been) open: ms below a second, then s, m, h
+  function duration(v) {
+    if (v === null || v === undefined) return "–";
+    if (v < 1000) return ms(v) + " ms";
+    const s = v / 1000;
+    if (s < 60) return s.toFixed(1) + " s";
+    const m = Math.floor(s / 60);
+    if (m < 60) return m + " m " + String(Math.floor(s % 60)).padStart(2, "0") + " s";
+    return Math.floor(m / 60) + " h " + String(m % 60).padStart(2, "0") + " m";
+  }
+
+  // 1000 (normal) and 1001 (going away) are how sessions end; anything else is worth a look
+  function oddClose(code) {
+    return code !== 1000 && code !== 1001;
+  }
+
+  // "1000 by client"; an open session has no close yet, one that ended without one says so
+  function closeText(rt) {
+    if (rt.open) return "– (open)";
+    if (rt.close_code === null || rt.close_code === undefined) return "no close code";
+    return rt.close_code + (rt.closed_by ? " by " + rt.closed_by : "");
+  }
+
+  // what a finished session's row shows where a request shows its waterfall
+  function sessionSummary(rec) {
+    const rt = rec.realtime;
+    const sum = el("div", "session-sum");
+    const close = el("span", "close" + (oddClose(rt.close_code) ? " close-odd" : ""), "close " + closeText(rt));
+    if (rt.close_reason) close.title = rt.close_reason;
+    sum.append(
+      el("span", "dur", duration(rec.request_ms)),
+      el("span", "", " · messages in "),
+      el("span", "msgs-in", rt.messages_in),
+      el("span", "", " / out "),
+      el("span", "msgs-out", rt.messages_out),
+      el("span", "", " · "),
+      el("span", "resp-count", rt.responses_total + (rt.responses_total === 1 ? " response" : " responses")),
+      el("span", "", " · "),
+      close,
+    );
+    return sum;
+  }
+
+  async function loadRealtime() {
+    let r;
+    try {
+      r = await fetch("api/realtime", { credentials: "same-origin", cache: "no-store" });
+    } catch (err) {
+      return;
+    }
+    if (!r.ok) return;
+    const body = await r.json();
+    state.open = new Map(body.open.map((s) => [s.request_id, s]));
+    $("sessions-section").hidden = body.open.length === 0;
+    $("sessions-count").textContent = "(" + body.open.length + ")";
+    $("sessions").tBodies[0].replaceChildren(...body.open.map(openRow));
+    // an open session shown in the detail: its responses so far; once it ended, its record
+    const id = state.selectedOpen;
+    if (id === null) return;
+    if (state.open.has(id)) {
+      showOpen(state.open.get(id));
+      return;
+    }
+    const ended = [...state.records.values()].find((rec) => rec.id === id && rec.realtime);
+    if (ended) select(ended);
+  }
+
+  function lastTtft(responses) {
+    for (let i = responses.length - 1; i >= 0; i--) {
+      if (responses[i].ttft_ms !== null && responses[i].ttft_ms !== undefined) return responses[i].ttft_ms;
+    }
+    return null;
+  }
+
+  function openRow(s) {
+    const tr = el("tr", "open-session");
+    tr.dataset.id = s.request_id;
+    tr.dataset.messagesIn = s.messages_in;
+    tr.dataset.messagesOut = s.messages_out;
+    tr.dataset.responses = s.responses_total;
+    const started = new Date(s.started_ns / 1e6);
+    const id = el("td", "mono id", s.request_id);
+    id.title = s.request_id;
+    id.append(badge());
+    tr.append(
+      el("td", "mono", started.toLocaleTimeString([], { hour12: false })),
+      id,
+      el("td", "mono", s.model || "–"),
+      el("td", "", s.route || "–"),
+      el("td", "", s.backend || "–"),
+      el("td", "", s.tenant || "–"),
+      el("td", "num dur", duration(s.duration_ms)),
+      el("td", "num msgs-in", s.messages_in),
+      el("td", "num msgs-out", s.messages_out),
+      el("td", "num", s.responses_total),
+      el("td", "num ttft", ms(lastTtft(s.responses))),
+    );
+    tr.addEventListener("click", () => showOpen(s));
+    return tr;
+  }
+
+  function sessionFacts(rt) {
+    const shown = rt.responses.length;
+    return [
+      ["messages in / out", rt.messages_in + " / " + rt.messages_out],
+      ["close", closeText(rt) + (rt.close_reason ? " (" + rt.close_reason + ")" : "")],
+      ["responses", rt.responses_total + (shown < rt.responses_total ? " (the last " + shown + " listed)" : "")],
+    ];
+  }
+
+  // the session's responses (the last 50 it kept), oldest first as they happened
+  function showResponses(rt) {
+    $("d-responses-block").hidden = !rt;
+    const tbody = $("d-responses").tBodies[0];
+    if (!rt) {
+      tbody.replaceChildren();
+      return;
+    }
+    $("d-responses-title").textContent = rt.responses.length ? "responses" : "responses: none yet";
+    tbody.replaceChildren(
+      ...rt.responses.map((x) => {
+        const tr = el("tr", "response");
+        tr.dataset.id = x.id;
+        tr.dataset.ttftMs = x.ttft_ms ?? "";
+        tr.append(
+          el("td", "mono", x.id),
+          el("td", x.status === "completed" ? "" : "error", x.status),
+          el("td", "num ttft", ms(x.ttft_ms)),
+          el("td", "num", ms(x.duration_ms)),
+          el("td", "num tokens-in", x.input_tokens ?? "–"),
+          el("td", "num", x.cached_tokens ?? "–"),
+          el("td", "num tokens-out", x.output_tokens ?? "–"),
+          el("td", "num cost", usd(x.cost_usd)),
+        );
+        return tr;
+      }),
+    );
+  }
+
+  // an open session in the detail (from api/realtime; refreshed with it while it stays open)
+  function showOpen(s) {
+    unselect();
+    state.selectedOpen = s.request_id;
+    $("detail").hidden = false;
+    $("d-kind").textContent = "Open session";
+    $("d-id").textContent = s.request_id;
+    const facts = [
+      ["model", s.model || "–"],
+      ["backend", s.backend || "–"],
+      ["open for", duration(s.duration_ms)],
+      ...sessionFacts(s),
+    ];
+    const dl = $("d-facts");
+    dl.replaceChildren();
+    for (const [k, v] of facts) dl.append(el("dt", "", k), el("dd", "mono", v));
+    showResponses(s);
+    $("d-hops").hidden = true;
+    $("d-content").replaceChildren();
   }
 
   function hopLabel(h) {
@@ -437,14 +626,22 @@
 
   // ---------------------------------------------------------------- one request in detail
 
-  function select(rec) {
+  function unselect() {
     if (state.selected !== null) {
       const old = state.rows.get(state.selected);
       if (old) old.classList.remove("selected");
     }
+    state.selected = null;
+    state.selectedOpen = null;
+  }
+
+  function select(rec) {
+    unselect();
     state.selected = rec.seq;
-    state.rows.get(rec.seq).classList.add("selected");
+    const row = state.rows.get(rec.seq);
+    if (row) row.classList.add("selected"); // (a row not drawn yet is marked when it is)
     $("detail").hidden = false;
+    $("d-kind").textContent = rec.realtime ? "Session" : "Request";
     $("d-id").textContent = rec.id;
     const facts = [
       ["trace id", rec.trace_id ? rec.trace_id + (rec.sampled ? "" : " (not sampled)") : "–"],
@@ -458,6 +655,7 @@
       ["edge ms", ms(rec.edge_ms)],
       ["total ms", ms(rec.total_ms)],
     ];
+    if (rec.realtime) facts.push(["duration", duration(rec.request_ms)], ...sessionFacts(rec.realtime));
     const discarded = Object.entries(rec.edge_discarded || {});
     if (discarded.length) facts.push(["edge headers discarded", discarded.map(([k, v]) => k + ": " + v).join(", ")]);
     const dl = $("d-facts");
@@ -466,6 +664,8 @@
     const rows = [];
     for (const h of rec.hops) rows.push([hopLabel(h), h.start_ms, h.dur_ms, h.kind]);
     for (const s of rec.details) rows.push(["  " + s.name, s.start_ms, s.dur_ms, "inside " + (s.parent || "the request") + ", not in the sum"]);
+    showResponses(rec.realtime);
+    $("d-hops").hidden = false;
     const tbody = $("d-hops").tBodies[0];
     tbody.replaceChildren(
       ...rows.map(([name, start, dur, about]) => {
@@ -515,9 +715,7 @@
 
   $("d-close").addEventListener("click", () => {
     $("detail").hidden = true;
-    const old = state.rows.get(state.selected);
-    if (old) old.classList.remove("selected");
-    state.selected = null;
+    unselect();
   });
 
   for (const id of ["f-status", "f-model", "f-route", "f-slow", "f-pause"]) {
