@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+import gateway
 from gateway.app import Gateway
 from gateway.config import load_config
 
@@ -48,6 +49,9 @@ models = ["*"]
 backends = ["mock"]
 """
 LOG_OFF = '[logging]\naccess_log = "off"\n'  # unless the variant sets its own
+#: unless the variant sets its own: the live view is on by default where the gateway listens on
+#: loopback (docs/spec.md §18), and the `ui` variant is what it costs
+UI_OFF = "[ui]\nenabled = false\n"
 NO_CACHE = '[cache]\nbackend = "off"\n'
 NO_TRACING = '[tracing]\nexporter = "none"\n'
 KEY = b"sk-bench"
@@ -82,7 +86,10 @@ LEAST_LOADED_PREFIX = 'strategy = "least_loaded"\naffinity = "prefix"\n'
 DEAD_OTLP = '[tracing]\nexporter = "otlp"\nendpoint = "http://127.0.0.1:9"\nsample_ratio = 1.0\n'
 
 VARIANTS: dict[str, tuple[str, str]] = {
-    "core": ("cache off, tracing none, metrics on (the baseline)", NO_CACHE + NO_TRACING),
+    "core": (
+        "cache off, tracing none, metrics on, live view off (the baseline)",
+        NO_CACHE + NO_TRACING,
+    ),
     "core-again": ("core once more, last: the spread of the method", NO_CACHE + NO_TRACING),
     "metrics-off": (
         "core with [metrics] enabled = false",
@@ -238,6 +245,8 @@ async def measure(names: list[str], requests: int, rounds: int) -> dict[str, flo
                 toml = toml.replace(REDIS_URL, REDIS_URL.format(port=redis_port))
             if "[logging]" not in toml:
                 toml += LOG_OFF
+            if "[ui]" not in toml:
+                toml += UI_OFF
             base = "" if "[[backends]]" in toml else BASE  # the fleet variants bring theirs
             app = Gateway(load_config(text=base + toml, env={}))
             await stack.enter_async_context(app.running())
@@ -275,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
         pass
-    print(f"measuring {', '.join(names)} ...", file=sys.stderr)
+    # which tree runs: PYTHONPATH=<another checkout> measures that one (a before/after)
+    print(f"measuring {', '.join(names)} with {gateway.__file__} ...", file=sys.stderr)
     results = asyncio.run(measure(names, args.requests, args.rounds))
     core = results["core"]
     print(f"## Feature cost in-process ({args.requests} requests x best of {args.rounds} rounds)\n")
