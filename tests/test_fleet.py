@@ -28,6 +28,7 @@ from gateway.config import Config
 from tests.fleet_support import ModelServer, gauges, sees, unknown, wait_until
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver
+from tests.realtime.test_handshake import refused, run
 from tests.support import GatewayServer, free_port, gateway_config
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -515,3 +516,20 @@ def test_the_vllm_fleet_example_is_valid_and_fleet_aware():
     assert (route.strategy, route.affinity) == ("least_loaded", "prefix")
     assert all(b.metrics_url and b.metrics_url.endswith("/metrics") for b in cfg.backends)
     assert len(cfg.backends) == len(route.backends) >= 2
+
+
+def test_a_realtime_session_is_shed_like_a_request(gateway):
+    """The WebSocket handshake takes the same backend order (docs/spec.md §19, §21): every
+    backend saturated on a shedding route is a 503 before any upgrade, nothing sent upstream."""
+    with servers("a", "b") as fleet:
+        a, b = fleet
+        a.force(queue=9, running=2, kv=0.9)
+        b.force(queue=6, running=2, kv=0.9)
+        shed = gateway(config(fleet, "shed_when_saturated = true"))
+        sees(shed.url, [("saturated", "a", 1.0), ("saturated", "b", 1.0)])
+        url = f"ws://127.0.0.1:{shed.port}/v1/realtime?model=m"
+        status, body, headers = run(refused(url))
+        assert status == 503
+        assert body["error"]["code"] == "backend_saturated"
+        assert headers["retry-after"] == "1"
+        assert served(fleet) == {}
