@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 from gateway.realtime.events import Responses
@@ -104,18 +105,116 @@ def _nothing(_seconds: float) -> None:
     return None
 
 
-class Relay:
+#: writes one message now: (message, is text) -> False when the other side does not take it now
+Write = Callable[[bytes, bool], bool]
+
+
+def _not_now(_data: bytes, _text: bool) -> bool:
+    return False
+
+
+class _DirectPath:
+    """A :class:`Relay`'s direct path (see the module): each message written to the other side
+    in the read callback that completed it."""
+
+    __slots__ = ("_client", "_direct_up", "_last", "_queued_in", "_write_client", "_write_up")
+    _client: RealtimeWebSocketProtocol | None
+    _direct_up: WebSocketsSocket | None
+    _last: float
+    _queued_in: int
+    _write_up: Write
+    _write_client: Write
+    # the Relay's, as the direct path uses them
+    _receive: Receive
+    _send: Send
+    _up: UpstreamSocket
+    _max_bytes: int
+    _observe_in: Observe
+    _observe_out: Observe
+    _responses: Responses
+    stats: Stats
+
+    def _attach(self) -> None:
+        """Both ends are sockets this process reads (the server's protocol, the ``websockets``
+        client): each message is offered to the other side as it is read."""
+        client: object = getattr(self._receive, "__self__", None)
+        up = self._up
+        if not isinstance(up, WebSocketsSocket):
+            return  # a mock:// upstream: the pumps relay every message
+        if getattr(self._send, "__self__", None) is not client:
+            return  # a server wrapping receive or send (uvicorn's trace logging): the pumps
+        if not isinstance(client, RealtimeWebSocketProtocol):
+            return  # another server: the pumps, likewise
+        #: client messages queued for receive() before now (the pump writes them first)
+        self._queued_in = client.queue.qsize()
+        self._write_up = up.direct_write
+        self._write_client = client.write
+        client.relay = self._take_in
+        up.attach(self._take_out)
+        self._client = client
+        self._direct_up = up
+
+    def _detach(self) -> None:
+        client, up = self._client, self._direct_up
+        if client is not None:
+            client.relay = None
+        if up is not None:
+            up.attach(None)
+
+    # each one Python frame per message (the write aside): what Relay._wrote_in / _wrote_out
+    # do for the pumps is written out again here
+
+    def _take_in(self, data: bytes, text: bool, read_at: float) -> bool:
+        """A client message, in the read that completed it: written upstream now, unless a
+        message read before it still waits, or the upstream does not take writes now (then it
+        is queued for the client pump and the server stops reading the client)."""
+        if (
+            self._queued_in
+            or len(data) > self._max_bytes
+            or (text and not data.isascii() and not _utf8(data))
+            or not self._write_up(data, text)
+        ):
+            self._queued_in += 1
+            return False
+        written = self._last = perf_counter()
+        stats = self.stats
+        stats.messages_in += 1
+        overhead = written - read_at
+        stats.overhead_in += overhead
+        if overhead > stats.max_in:
+            stats.max_in = overhead
+        self._observe_in(overhead)
+        if text:
+            self._responses.client_message(data, read_at)
+        return True
+
+    def _take_out(self, data: bytes, text: bool, read_at: float) -> bool:
+        """An upstream message, in the read that completed it: written to the client now,
+        unless the client does not take writes now (then ``recv()`` has it for the upstream
+        pump, after every message queued before it)."""
+        if (text and not data.isascii() and not _utf8(data)) or not self._write_client(data, text):
+            return False
+        written = self._last = perf_counter()
+        stats = self.stats
+        stats.messages_out += 1
+        overhead = written - read_at
+        stats.overhead_out += overhead
+        if overhead > stats.max_out:
+            stats.max_out = overhead
+        self._observe_out(overhead)
+        if text:
+            self._responses.upstream_message(data, written)
+        return True
+
+
+class Relay(_DirectPath):
     __slots__ = (
-        "_client",
         "_client_closed",
-        "_direct_up",
         "_idle_s",
         "_idle_timer",
-        "_last",
         "_max_bytes",
         "_observe_in",
         "_observe_out",
-        "_queued_in",
         "_receive",
         "_responses",
         "_send",
@@ -157,6 +256,9 @@ class Relay:
         self._client: RealtimeWebSocketProtocol | None = None
         self._direct_up: WebSocketsSocket | None = None
         self._queued_in = 0
+        #: the direct path's writes: (message, is text) -> False when not written now
+        self._write_up: Write = _not_now
+        self._write_client: Write = _not_now
 
     # ------------------------------------------------------------ each message written
 
@@ -185,60 +287,6 @@ class Relay:
         self._observe_out(overhead)
         if text:
             self._responses.upstream_message(data, written)
-
-    # ------------------------------------------------------------ the direct path
-
-    def _attach(self) -> None:
-        """Both ends are sockets this process reads (the server's protocol, the ``websockets``
-        client): each message is offered to the other side as it is read."""
-        client: object = getattr(self._receive, "__self__", None)
-        up = self._up
-        if not isinstance(up, WebSocketsSocket):
-            return  # a mock:// upstream: the pumps relay every message
-        if getattr(self._send, "__self__", None) is not client:
-            return  # a server wrapping receive or send (uvicorn's trace logging): the pumps
-        if not isinstance(client, RealtimeWebSocketProtocol):
-            return  # another server: the pumps, likewise
-        #: client messages queued for receive() before now (the pump writes them first)
-        self._queued_in = client.queue.qsize()
-        client.relay = self._take_in
-        up.attach(self._take_out)
-        self._client = client
-        self._direct_up = up
-
-    def _detach(self) -> None:
-        client, up = self._client, self._direct_up
-        if client is not None:
-            client.relay = None
-        if up is not None:
-            up.attach(None)
-
-    def _take_in(self, data: bytes, text: bool, read_at: float) -> bool:
-        """A client message, in the read that completed it: written upstream now, unless a
-        message read before it still waits, or the upstream does not take writes now (then it
-        is queued for the client pump and the server stops reading the client)."""
-        up = self._direct_up
-        if (
-            self._queued_in
-            or up is None
-            or len(data) > self._max_bytes
-            or (text and not _utf8(data))
-            or not up.write(data, text)
-        ):
-            self._queued_in += 1
-            return False
-        self._wrote_in(data, text, read_at)
-        return True
-
-    def _take_out(self, data: bytes, text: bool, read_at: float) -> bool:
-        """An upstream message, in the read that completed it: written to the client now,
-        unless the client does not take writes now (then ``recv()`` has it for the upstream
-        pump, after every message queued before it)."""
-        client = self._client
-        if client is None or (text and not _utf8(data)) or not client.write(data, text):
-            return False
-        self._wrote_out(data, text, read_at)
-        return True
 
     # ------------------------------------------------------------ the pumps
 

@@ -25,11 +25,12 @@ the gateway. This subclass adds:
 
 Why reach past ASGI: the ASGI hops cost a queue, a task switch, a message dict and a text
 decode/encode per message each way (``loadtests/realtime.py`` measures it). What this reaches
-into is uvicorn's protocol (``send_receive_event_to_app``, ``frames``, ``curr_msg_data_type``,
-``conn``, ``queue``, ``writable``, ``close_sent``): pinned by ``uvicorn<0.56`` in
-``pyproject.toml``; the same names are there from 0.50 (the lowest bound) to 0.55. uvicorn 0.50
-has no ``pause_writing`` / ``resume_writing`` of its own (so ``writable`` never cleared there);
-the two below are 0.55's, so a slow client slows its sender on every version allowed.
+into is uvicorn's protocol (``handle_text``, ``handle_bytes``, ``send_receive_event_to_app``,
+``frames``, ``curr_msg_data_type``, ``conn``, ``queue``, ``writable``, ``close_sent``): pinned
+by ``uvicorn<0.56`` in ``pyproject.toml``; the same names are there from 0.50 (the lowest
+bound) to 0.55. uvicorn 0.50 has no ``pause_writing`` / ``resume_writing`` of its own (so
+``writable`` never cleared there); the two below are 0.55's, so a slow client slows its sender
+on every version allowed.
 
 Why ``websockets`` rather than ``wsproto`` (both are maintained, both work under uvicorn): the
 same library is the upstream client (:mod:`gateway.realtime.upstream`), its frame masking and
@@ -47,6 +48,7 @@ from typing import Any, cast
 
 from uvicorn._types import ASGIReceiveEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame
 from websockets.protocol import OPEN
 
 from gateway.context import RECEIVED_AT
@@ -64,6 +66,9 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
 
     read_at = 0.0
     received_at = 0.0
+    #: the transport's write buffer is over its high-water mark (``writable`` cleared, as a
+    #: plain flag: :meth:`write` reads it per message)
+    write_paused = False
     #: the relay offered each whole message read (None: every message goes to ``receive()``)
     relay: Take | None = None
 
@@ -79,23 +84,52 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
         self.writable.set()  # uvicorn < 0.55: a send waiting for a buffer that never drains
 
     def pause_writing(self) -> None:
+        self.write_paused = True
         self.writable.clear()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.perf_counter()
         super().data_received(data)
 
-    def send_receive_event_to_app(self) -> None:
+    # a whole message in one frame (nearly all of them): to the relay straight from the frame
+    # (uvicorn's handle_text / handle_bytes would list it in ``frames`` for
+    # send_receive_event_to_app, a call and a list more per message)
+
+    def handle_text(self, event: Frame) -> None:
         relay = self.relay
-        if relay is not None and not self.close_sent:
-            frames = self.frames
-            data = frames[0] if len(frames) == 1 else b"".join(frames)
-            if relay(data, self.curr_msg_data_type == "text", self.read_at):
-                self.frames = []
-                return
+        if (
+            relay is None
+            or not event.fin
+            or self.close_sent
+            or not relay(event.data, True, self.read_at)  # type: ignore[arg-type]
+        ):
+            super().handle_text(event)
+
+    def handle_bytes(self, event: Frame) -> None:
+        relay = self.relay
+        if (
+            relay is None
+            or not event.fin
+            or self.close_sent
+            or not relay(event.data, False, self.read_at)  # type: ignore[arg-type]
+        ):
+            super().handle_bytes(event)
+
+    def send_receive_event_to_app(self) -> None:
+        relay, frames = self.relay, self.frames
+        # a fragmented message, whole (one frame: handle_text / handle_bytes offered it already)
+        if (
+            relay is not None
+            and len(frames) > 1
+            and not self.close_sent
+            and relay(b"".join(frames), self.curr_msg_data_type == "text", self.read_at)
+        ):
+            self.frames = []
+            return
         super().send_receive_event_to_app()
 
     def write(self, data: bytes, text: bool) -> bool:
@@ -103,7 +137,7 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
         or its write buffer is over the high-water mark (nothing written then)."""
         conn = self.conn
         if (
-            not self.writable.is_set()
+            self.write_paused
             or self.close_sent
             or conn.state is not OPEN
             or self.transport.is_closing()
