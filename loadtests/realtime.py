@@ -14,7 +14,11 @@ The processes, each pinned with ``taskset`` (``--cores``; the machine needs two 
 - on the gateway's CPU, alone: ``gateway serve`` (one worker), or in its place the **TCP
   forwarder**, a bare uvloop byte relay (no WebSocket, no Python per frame beyond one
   ``data_received`` → ``write``): what one more hop costs on this machine before any gateway code
-  runs, the floor the gateway's added delay is to be read against;
+  runs, the floor the gateway's added delay is to be read against; and the **WebSocket
+  forwarder**, the same two hops with each message parsed and written again by ``websockets``'
+  sans-I/O protocols in the read's callback and none of the gateway's code: what these libraries
+  cost per frame, and the tail two WebSocket hops have here without the gateway (a round whose
+  p99 is high for the gateway and both forwarders alike is the machine's, not the gateway's);
 - on the load CPU: the **echo upstream** and the **client**, each its own process, both
   ``websockets``' sans-I/O protocol on uvloop with no task per message (the echo writes each
   frame back in the ``data_received`` that read it), so neither is the bottleneck: the direct
@@ -25,10 +29,12 @@ bytes) at a fixed total rate, round robin over the sessions, and stamps each ech
 ``data_received`` that read it (``time.perf_counter()`` right after the socket read). A message
 crosses the relay twice (client → upstream and back), so the delay the relay adds per frame is
 half the difference of the round trips, taken per percentile. Each configuration runs
-``--rounds`` rounds, each round direct, then through the TCP forwarder, then through the
-gateway(s), back to back; the table shows the best round (the lowest added p50: the least
-disturbed, as other load only ever slows a round down) and the spread of the added delay over
-all rounds, since other people share the machine.
+``--rounds`` rounds, each round direct, then through the TCP forwarder, the WebSocket
+forwarder, then through the gateway(s), back to back; the table shows the best round (the
+lowest added p50: the least disturbed, as other load only ever slows a round down), the spread
+of the added delay over all rounds, since other people share the machine, and each round's added
+p99 through the gateway and both forwarders side by side (the tail is where one sees whose it
+is).
 
 Beside it, the gateway's own reading of the same thing: its
 ``gateway_realtime_message_overhead_seconds`` histogram (read → written, per message and
@@ -188,6 +194,91 @@ def forward_main(port: int, target: int) -> None:
 
     loop = new_loop()
     loop.run_until_complete(loop.create_server(Inbound, "127.0.0.1", port, backlog=4096))
+    loop.run_forever()
+
+
+# ---------------------------------------------------------------- the WebSocket forwarder
+
+
+class ForwardHop(asyncio.Protocol):
+    """One side of the WebSocket forwarder: ``websockets``' sans-I/O protocol over one socket;
+    each message read is written by the other side in the same callback."""
+
+    peer: ForwardHop | None = None
+    transport: Any = None
+
+    def __init__(self, ws: Any, target: int) -> None:
+        self.ws, self.target = ws, target
+        self.pending: list[Any] = []  # frames read before the other side was open
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        from websockets.frames import Frame, Opcode
+        from websockets.http11 import Request
+
+        ws = self.ws
+        ws.receive_data(data)
+        for event in ws.events_received():
+            if type(event) is Frame:
+                if event.opcode is Opcode.TEXT or event.opcode is Opcode.BINARY:
+                    peer = self.peer
+                    if peer is not None and peer.peer is self:
+                        peer.relay(event)
+                    else:
+                        self.pending.append(event)
+            elif isinstance(event, Request):  # the client's handshake: accepted at once
+                ws.send_response(ws.accept(event))
+                asyncio.get_running_loop().create_task(self.dial())
+            elif self.peer is not None:  # the upstream's handshake response
+                self.peer.peer = self
+                for frame in self.peer.pending:
+                    self.relay(frame)
+        self.flush()
+
+    def relay(self, frame: Any) -> None:
+        from websockets.frames import Opcode
+
+        if frame.opcode is Opcode.TEXT:
+            self.ws.send_text(frame.data)
+        else:
+            self.ws.send_binary(frame.data)
+        self.flush()
+
+    async def dial(self) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        uri = parse_uri(f"ws://127.0.0.1:{self.target}/v1/realtime")
+        up = ForwardHop(ClientProtocol(uri, max_size=None), self.target)
+        up.peer = self
+        await asyncio.get_running_loop().create_connection(lambda: up, "127.0.0.1", self.target)
+        up.ws.send_request(up.ws.connect())
+        up.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+    def flush(self) -> None:
+        for chunk in self.ws.data_to_send():
+            if chunk:
+                self.transport.write(chunk)
+            else:
+                self.transport.close()
+
+
+def ws_forward_main(port: int, target: int) -> None:
+    """A bare WebSocket relay: each message parsed and written again by ``websockets``' sans-I/O
+    protocols (a server one facing the client, a client one facing 127.0.0.1:target), in the
+    read's callback, with none of the gateway's code: what these libraries cost per frame on
+    this machine, and what tail the same two hops have without the gateway."""
+    from websockets.server import ServerProtocol
+
+    loop = new_loop()
+    hop = lambda: ForwardHop(ServerProtocol(max_size=None), target)  # noqa: E731
+    loop.run_until_complete(loop.create_server(hop, "127.0.0.1", port, backlog=4096))
     loop.run_forever()
 
 
@@ -445,12 +536,21 @@ class Relayed:
 
 
 class Round:
-    __slots__ = ("direct", "forward", "forward_cpu_us", "gateways")
+    __slots__ = (
+        "direct",
+        "forward",
+        "forward_cpu_us",
+        "gateways",
+        "ws_forward",
+        "ws_forward_cpu_us",
+    )
 
     def __init__(self) -> None:
         self.direct: list[float] = []
         self.forward: list[float] = []
         self.forward_cpu_us = 0.0
+        self.ws_forward: list[float] = []
+        self.ws_forward_cpu_us = 0.0
         #: label ("" for this tree, "before" for --before) -> what that gateway did
         self.gateways: dict[str, Relayed] = {}
 
@@ -470,7 +570,8 @@ def spread(values: list[float]) -> str:
 def measure(
     args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int], sessions: int, rate: int
 ) -> list[Round]:
-    """``--rounds`` rounds, each: direct, the TCP forwarder, then each gateway, back to back."""
+    """``--rounds`` rounds, each: direct, the TCP forwarder, the WebSocket forwarder, then each
+    gateway, back to back."""
     load = args.load_cpu
 
     def url(port: int) -> str:
@@ -483,6 +584,9 @@ def measure(
         fw = Window(pids["forward"])
         r.forward = run_client(load, url(ports["forward"]), sessions, rate, args.seconds, fw)
         r.forward_cpu_us = fw.cpu / 1000 / max(1, 2 * len(r.forward))
+        wf = Window(pids["ws_forward"])
+        r.ws_forward = run_client(load, url(ports["ws_forward"]), sessions, rate, args.seconds, wf)
+        r.ws_forward_cpu_us = wf.cpu / 1000 / max(1, 2 * len(r.ws_forward))
         for label in ("before", ""):
             if label not in pids:
                 continue
@@ -507,13 +611,19 @@ def rows(sessions: int, rate: int, rounds: list[Round]) -> list[str]:
             str(len(g.rtts)),
             ms2(best.direct),
             f"{best.added(best.forward, 50):.3f} / {best.added(best.forward, 99):.3f}",
+            f"{best.added(best.ws_forward, 50):.3f} / {best.added(best.ws_forward, 99):.3f}",
             ms2(g.rtts),
             f"**{best.added(g.rtts, 50):.3f} / {best.added(g.rtts, 99):.3f}**",
             spread([r.added(r.gateways[label].rtts, 50) for r in rounds])
             + " / "
             + spread([r.added(r.gateways[label].rtts, 99) for r in rounds]),
+            "; ".join(
+                f"{r.added(r.gateways[label].rtts, 99):.2f} / {r.added(r.ws_forward, 99):.2f}"
+                f" / {r.added(r.forward, 99):.2f}"
+                for r in rounds
+            ),
             " / ".join(g.hist),
-            f"{g.cpu_per_frame_us:.1f} ({best.forward_cpu_us:.1f})",
+            f"{g.cpu_per_frame_us:.1f} ({best.ws_forward_cpu_us:.1f} / {best.forward_cpu_us:.1f})",
         ]
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -521,10 +631,12 @@ def rows(sessions: int, rate: int, rounds: list[Round]) -> list[str]:
 
 HEADER = (
     "| sessions | msg/s (total) | messages | direct RTT p50 / p99 ms"
-    " | TCP forwarder adds p50 / p99 ms | via gateway RTT p50 / p99 ms"
-    " | gateway adds per frame p50 / p99 ms | spread over rounds p50 / p99 ms"
-    " | gateway histogram p50 / p99 / mean ms | CPU µs / frame: gateway (forwarder) |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    " | TCP forwarder adds p50 / p99 ms | WebSocket forwarder adds p50 / p99 ms"
+    " | via gateway RTT p50 / p99 ms | gateway adds per frame p50 / p99 ms"
+    " | spread over rounds p50 / p99 ms | p99 added each round: gateway / WS fwd / TCP fwd ms"
+    " | gateway histogram p50 / p99 / mean ms"
+    " | CPU µs / frame: gateway (WS forwarder / TCP forwarder) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -569,6 +681,7 @@ def main() -> int:
     )
     parser.add_argument("--echo", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--forward", type=int, nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--ws-forward", type=int, nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     raise_fd_limit()
@@ -577,6 +690,9 @@ def main() -> int:
         return 0
     if args.forward is not None:
         forward_main(*args.forward)
+        return 0
+    if args.ws_forward is not None:
+        ws_forward_main(*args.ws_forward)
         return 0
     if args.client is not None:
         url, sessions, rate, seconds = args.client
@@ -614,7 +730,8 @@ def bench(args: argparse.Namespace) -> int:
         args.gateway_cpu = args.load_cpu = None
     configs = [tuple(int(x) for x in o.split(":")) for o in args.only] or list(CONFIGS)
     trees = {"": args.tree, **({"before": args.before} if args.before else {})}
-    ports = {"echo": free_port(), "forward": free_port(), **{k: free_port() for k in trees}}
+    ports = {"echo": free_port(), "forward": free_port(), "ws_forward": free_port()}
+    ports.update({k: free_port() for k in trees})
     procs: list[Any] = []
     me = [sys.executable, str(HERE)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -625,6 +742,9 @@ def bench(args: argparse.Namespace) -> int:
             fwd = [*me, "--forward", str(ports["forward"]), str(ports["echo"])]
             procs.append(subprocess.Popen([*taskset(args.gateway_cpu), *fwd]))
             pids = {"forward": procs[-1].pid}
+            wsf = [*me, "--ws-forward", str(ports["ws_forward"]), str(ports["echo"])]
+            procs.append(subprocess.Popen([*taskset(args.gateway_cpu), *wsf]))
+            pids["ws_forward"] = procs[-1].pid
             for label, tree in trees.items():
                 procs.append(start_gateway(args, tree, ports[label], ports["echo"], tmp))
                 pids[label] = procs[-1].pid
