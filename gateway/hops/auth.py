@@ -163,6 +163,9 @@ class Auth:
         self.mode = cfg.mode
         #: ``[[prices]]``: named on every request's answer, which is priced at its end
         self.prices = prices if prices is not None else Prices()
+        #: what each answer is priced by: None without ``[[prices]]`` (no model has a price,
+        #: so nothing costs), and the end of a request skips the lookups
+        self._pricing = self.prices if self.prices else None
         #: tenant -> its budget (``[[auth.tenants]]`` with ``budget_usd``)
         self.tenant_budgets: dict[str, Budget] = {}
         for t in cfg.tenants:
@@ -194,7 +197,7 @@ class Auth:
         A model call of a key with ``tpm`` or a budget is checked by :meth:`admit` instead,
         once its body is known. ``passthrough``: a path that is no model call (403 for a key
         with a budget, unless admin)."""
-        ctx.answer.pricing = self.prices
+        ctx.answer.pricing = self._pricing
         if self.mode == "off":
             ctx.timeline.auth_done = time.perf_counter()
             return
