@@ -40,6 +40,7 @@ from gateway.errors import (
     NotFound,
     error_body,
 )
+from gateway.hops.auth import KeyEntry
 from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.events import ModelResponse, Responses
@@ -279,6 +280,14 @@ class Realtime:
         route = self.rt.router.match(model)
         if route is None:
             raise NotFound(f"no route for model {model!r}", code="model_not_found")
+        entry = ctx.limit_key
+        if isinstance(entry, KeyEntry) and entry.budgeted and not self.rt.auth.prices.of(model):
+            # its responses could not be priced: it would spend unmetered (as for HTTP)
+            raise Forbidden(
+                f"this API key has a budget and model {model!r} has no price: "
+                "add a [[prices]] entry for it (docs/spec.md §20)",
+                code="model_not_priced",
+            )
         call = ctx.call = Call(ctx.path, "realtime", b"", {}, True, route)
         ctx.timeline.routed = time.perf_counter()
         return call

@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.model_api_support import traced
-from tests.realtime.test_handshake import CLIENT_KEY, keyed, run, ws_url
+from tests.realtime.test_handshake import CLIENT_KEY, keyed, refused, run, ws_url
 from tests.realtime.test_telemetry import (  # noqa: F401 - fixtures
     _once_closed,
     _value,
@@ -107,3 +107,42 @@ def test_a_keys_budget_is_debited_per_response(gateway, realtime_upstream):
     assert run(session()) == "1.000000"
     up.wait_ended()
     assert _spent(gw) == pytest.approx(ONE)  # the session's end debits nothing more
+
+
+def test_a_key_with_a_budget_may_not_open_a_session_of_a_model_without_a_price(
+    gateway, realtime_upstream
+):
+    up = realtime_upstream()
+    gw = gateway(keyed(up.url, extra="budget_usd = 1.0\n"))  # no [[prices]]
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    status, body, _ = run(refused(ws_url(gw), additional_headers=headers))
+    assert status == 403 and body["error"]["code"] == "model_not_priced"
+    assert up.handshakes == []  # refused before any upstream handshake
+
+
+def test_a_spent_budget_refuses_the_next_session_before_the_upgrade(gateway, realtime_upstream):
+    up = realtime_upstream()
+    # one response costs 70 micro-USD: the first session spends the whole 60 micro-USD budget
+    gw = gateway(keyed(up.url, extra="admin = true\nbudget_usd = 0.00006\n" + PRICES))
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
+
+    async def one_response() -> None:
+        async with connect(ws_url(gw), additional_headers=headers, open_timeout=10) as ws:
+            await ws.recv()
+            await ws.send('{"type":"response.create"}')
+            while b'"response.done"' not in (await ws.recv()).encode():
+                pass
+
+    run(one_response())
+    up.wait_ended()
+    deadline = time.monotonic() + 10
+    while _spent(gw) < ONE:  # its response debited
+        assert time.monotonic() < deadline, "the response was not debited"
+        time.sleep(0.01)
+    status, body, got = run(refused(ws_url(gw), additional_headers=headers))
+    assert status == 429
+    assert body["error"]["code"] == "budget_exceeded"
+    assert body["error"]["type"] == "insufficient_quota"
+    assert int(got["retry-after"]) >= 1
+    assert len(up.handshakes) == 1  # the refused session never reached the upstream
+    assert _spent(gw) == pytest.approx(ONE)  # the refused session spent nothing
