@@ -856,7 +856,10 @@ class Bench:
             base = base.replace("[server]\n", f"[server]\nworkers = {v.workers}\n", 1)
         if "[logging]" in v.toml:  # the variant sets its own access log
             base = base.replace('[logging]\naccess_log = "off"\n', "")
-        cfg.write_text(base + v.toml.format(**subst))
+        toml = v.toml.format(**subst)
+        if "[ui]" not in toml:  # on by default on loopback: a variant measures it only by asking
+            toml += "[ui]\nenabled = false\n"
+        cfg.write_text(base + toml)
         port = free_port()
         log = self.tmp / f"gateway-{label}.log"
         env = {k: val for k, val in os.environ.items() if not k.startswith("GATEWAY")}
