@@ -255,12 +255,11 @@ class WebSocketsSocket:
         if ws.queued:
             ws.queued -= 1
 
-    def write(self, data: bytes, text: bool) -> bool:
-        return self._ws.write(data, text)
-
     @property
     def direct_write(self) -> Callable[[bytes, bool], bool]:
-        """:meth:`write` without this wrapper's call (the relay calls it per message)."""
+        """One message upstream as one frame, now; False when the connection is not open or its
+        write buffer is over the high-water mark (nothing written then). The connection's own
+        method: no wrapper's call per message."""
         return self._ws.write
 
     async def close(self, code: int, reason: str) -> None:
