@@ -74,6 +74,33 @@ def test_text_and_binary_both_ways_in_order(gateway, realtime_upstream):
     assert seen.received == sent
 
 
+def test_fragmented_client_messages_reach_the_upstream_whole_and_in_order(
+    gateway, realtime_upstream
+):
+    """A message the client sends in fragments is offered to the relay once, whole (the direct
+    path takes whole one-frame messages from the frame, fragmented ones once reassembled)."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url))
+    sent: list[str | bytes] = [
+        f'{{"type":"x.{i}","pad":"{"é" * 40}"}}' if i % 2 else bytes([i]) * 3_000 for i in range(12)
+    ]
+
+    async def main() -> list[str | bytes]:
+        async with connect(ws_url(gw, "echo"), open_timeout=10, max_size=None) as ws:
+            await ws.recv()
+            for i, message in enumerate(sent):
+                if i % 3:  # two of three in three fragments (a text one cut between characters)
+                    cut = len(message) // 3
+                    await ws.send([message[:cut], message[cut : 2 * cut], message[2 * cut :]])
+                else:
+                    await ws.send(message)
+            return [await ws.recv() for _ in sent]
+
+    assert run(main()) == sent
+    (seen,) = up.wait_ended()
+    assert seen.received == sent
+
+
 def test_close_codes_and_reasons_pass_through_both_ways(gateway, realtime_upstream):
     up = realtime_upstream()
     gw = gateway(config_for(up.url))
