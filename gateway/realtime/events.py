@@ -244,6 +244,10 @@ class Responses:
         found.usage(response.get("usage"))
         self._on_done(found)
 
+    def idle(self) -> bool:
+        """No response in progress, and none asked for that has not started yet."""
+        return not self._open and self._trigger is None
+
     def unfinished(self) -> list[ModelResponse]:
         """Responses the session ended in the middle of."""
         out = list(self._open.values())

@@ -35,6 +35,7 @@ a message too big           1009 (by ``websockets``)         1009
 text that is not UTF-8      1007 (by ``websockets``)         1007
 idle_timeout_s              1000 "idle timeout"              1000 "idle timeout"
 max_session_s               1000 "session time limit"        1000 "session time limit"
+the server's drain          1012 "service restart"           1012 "service restart"
 ==========================  ===============================  ================================
 
 Each message is written as soon as it is read, never batched. A slow reader slows its sender:
@@ -67,6 +68,7 @@ Observe = Callable[[float], None]
 BY_CLIENT = "client"
 BY_UPSTREAM = "upstream"
 BY_LIMIT = "limit"
+BY_SHUTDOWN = "shutdown"
 
 
 def sendable(code: int) -> bool:
@@ -341,9 +343,14 @@ class Relay(_DirectPath):
     # ------------------------------------------------------------ the limits
 
     def _limit(self, reason: str) -> None:
+        self.stop(1000, reason, BY_LIMIT)
+
+    def stop(self, code: int, reason: str, by: str) -> None:
+        """End the session from outside the pumps (a limit, the server's drain): both sides
+        get close ``code`` with ``reason``; nothing once it has ended."""
         stop = self._stop
         if stop is not None and not stop.done():
-            stop.set_result(End(BY_LIMIT, 1000, reason))
+            stop.set_result(End(by, code, reason))
 
     def _check_idle(self) -> None:
         quiet = time.perf_counter() - self._last
@@ -421,7 +428,16 @@ def _upstream_end(exc: Closed) -> End:
     return End(BY_UPSTREAM, code, exc.reason)
 
 
-__all__ = ["BY_CLIENT", "BY_LIMIT", "BY_UPSTREAM", "End", "Relay", "Stats", "sendable"]
+__all__ = [
+    "BY_CLIENT",
+    "BY_LIMIT",
+    "BY_SHUTDOWN",
+    "BY_UPSTREAM",
+    "End",
+    "Relay",
+    "Stats",
+    "sendable",
+]
 
 
 def _decide(stop: asyncio.Future[End], ended: Sequence[Any]) -> End:

@@ -14,6 +14,7 @@ the gateway. This subclass adds:
   happened. The stamp of the last read is exact for every message the app receives: uvicorn
   pauses reading as soon as a message is queued and resumes only once the app has taken every
   queued message, so no later read can happen before the app has the message;
+- a drain on shutdown (:meth:`shutdown`, :attr:`drain`);
 - the relay's direct path (docs/spec.md §19, "each written as soon as it is read"): while a
   relay is attached (:attr:`relay`), each whole message read is offered to it in the same
   ``data_received`` call, and the relay writes it to the upstream at once when the upstream
@@ -71,6 +72,9 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
     write_paused = False
     #: the relay offered each whole message read (None: every message goes to ``receive()``)
     relay: Take | None = None
+    #: the session's drain, while it relays: called when the server shuts down, instead of
+    #: closing at once (docs/spec.md §13: a drain, as for streams)
+    drain: Callable[[], None] | None = None
 
     def connection_made(self, transport: Any) -> None:
         # the upgrading HTTP protocol is still the transport's: its scope has the socket stamp
@@ -90,6 +94,17 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         self.writable.set()
+
+    def shutdown(self) -> None:
+        """The server stops (SIGTERM): a relaying session drains — it closes itself with 1012
+        once its model response is done, or just before ``shutdown_grace_s`` is over — where
+        uvicorn would close every session with 1012 at once, mid-answer."""
+        drain = self.drain
+        if drain is not None and not self.close_sent and not self.transport.is_closing():
+            self.drain = None
+            drain()
+            return
+        super().shutdown()
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.perf_counter()

@@ -44,7 +44,8 @@ from gateway.hops.auth import KeyEntry
 from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.events import ModelResponse, Responses
-from gateway.realtime.relay import BY_UPSTREAM, End, Relay
+from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
+from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
 from gateway.realtime.upstream import Handshake, UpstreamSocket
 from gateway.runtime import Runtime
@@ -62,6 +63,9 @@ _MODEL = re.compile(r"[^\x00-\x1f\x7f]{1,%d}" % MAX_MODEL_CHARS)  # noqa: UP031
 _HTTP_RESPONSE = "websocket.http.response"
 #: the finished responses of a session the live view keeps (the most recent ones)
 RESPONSES_KEPT = 50
+#: a draining session is closed this long before the server's shutdown grace is over
+DRAIN_MARGIN_S = 1.0
+_RESTART = (1012, "service restart", BY_SHUTDOWN)
 
 
 def _http_send(scope: Scope, send: Send) -> Send:
@@ -125,7 +129,7 @@ class LiveSession:
     in ``Runtime.sessions`` while open, its :meth:`summary` set on the context at the end.
     Nothing here runs per message: the relay's counters are read when somebody looks."""
 
-    __slots__ = ("ctx", "done", "facts", "relay", "responses")
+    __slots__ = ("_server", "ctx", "done", "draining", "facts", "relay", "responses")
 
     def __init__(self, ctx: RequestContext, facts: SessionFacts, responses: Responses) -> None:
         self.ctx = ctx
@@ -134,6 +138,43 @@ class LiveSession:
         self.relay: Relay | None = None
         #: the most recent finished responses
         self.done: deque[ModelResponse] = deque(maxlen=RESPONSES_KEPT)
+        #: the server is shutting down: close once no response is in progress
+        self.draining = False
+        self._server: RealtimeWebSocketProtocol | None = None
+
+    def attach(self, relay: Relay, rt: Runtime, server: object) -> None:
+        """The relay runs: the session is open for the live view, and drains when the server
+        (the client's connection, when it is the gateway's own protocol) shuts down."""
+        self.relay = relay
+        rt.sessions[self.ctx.request_id] = self
+        if isinstance(server, RealtimeWebSocketProtocol):
+            server.drain = partial(self.drain, rt.config.server.shutdown_grace_s)
+            self._server = server
+
+    def detach(self, rt: Runtime) -> None:
+        rt.sessions.pop(self.ctx.request_id, None)
+        if self._server is not None:
+            self._server.drain = None
+            self._server = None
+
+    def drain(self, grace_s: float) -> None:
+        """The server stops: close with 1012 (the client reconnects, to another replica) once
+        the response in progress is done — at once when none is — and in any case a second
+        before the server's grace is over, so a close frame goes out rather than a cut."""
+        relay = self.relay
+        if relay is None:
+            return
+        self.draining = True
+        if self.responses.idle():
+            relay.stop(*_RESTART)
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_later(max(0.0, grace_s - DRAIN_MARGIN_S), relay.stop, *_RESTART)
+
+    def response_ended(self) -> None:
+        """A response is done: while draining, the session closes once none is left."""
+        if self.draining and self.relay is not None and self.responses.idle():
+            self.relay.stop(*_RESTART)
 
     def summary(self) -> dict[str, Any]:
         """Messages each way, the close, the responses with TTFT (docs/spec.md §19)."""
@@ -232,8 +273,7 @@ class Realtime:
                 observe_in=self._observe_in,
                 observe_out=self._observe_out,
             )
-            live.relay = relay
-            rt.sessions[ctx.request_id] = live
+            live.attach(relay, rt, getattr(receive, "__self__", None))
             end = await relay.run()
         except GatewayError as exc:
             ctx.answer.error = exc
@@ -248,7 +288,7 @@ class Realtime:
             if upstream is not None and end is None:  # accepted but the relay never ran
                 await upstream.close(1001, "client went away")
             if relay is not None:
-                rt.sessions.pop(ctx.request_id, None)
+                live.detach(rt)
                 facts.count(relay.stats)
             self._finish(ctx, facts, end, live)
 
@@ -346,6 +386,7 @@ class Realtime:
         if usage is not None:
             _debit(self.rt, ctx, usage, response.cost_usd)
         self._export_response(ctx, response)
+        live.response_ended()
 
     def _export_response(self, ctx: RequestContext, response: ModelResponse) -> None:
         trace = ctx.trace
