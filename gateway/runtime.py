@@ -61,8 +61,9 @@ class Runtime:
     recent: RecentRequests | None = None
     #: the model servers' load scrapers (docs/spec.md §21; None: no backend reports load)
     fleet: Fleet | None = None
-    #: open realtime sessions by request id (docs/spec.md §19), for the live view
-    sessions: dict[str, LiveSession] = field(default_factory=dict)
+    #: open realtime sessions (docs/spec.md §19), for the live view; keyed by the session
+    #: object's id (clients choose x-request-id: two sessions may share one)
+    sessions: dict[int, LiveSession] = field(default_factory=dict)
 
     def request(self, scope: Scope, send: Send, vary: bool = False) -> RequestScope:
         """The scope of one request (begin → errors → 499 → finish): ``async with`` it."""

@@ -17,6 +17,7 @@ Models (the ``model`` query parameter the gateway passes on):
 - ``stall``: nothing is read from the gateway until :meth:`RealtimeUpstream.release`; the
   socket's receive buffer is small, so the gateway's writes soon wait;
 - ``badtext``: after the first client message, a text frame that is not UTF-8.
+- ``busy``: a ``response.create`` is refused with an ``error`` event (:data:`BUSY`);
 - ``vad``: server VAD — an ``input_audio_buffer.append`` is answered, :data:`VAD_PAUSE_S` later,
   by ``input_audio_buffer.committed`` and :data:`VAD_PAUSE_S` after that by a response, with
   no ``response.create`` from the client.
@@ -46,6 +47,15 @@ from tests.support import free_port
 
 #: the key the test configs make the gateway send upstream (tests/conftest.py sets it)
 BACKEND_KEY = "sk-backend-secret-for-tests"
+#: model "busy": what a response.create gets (no response follows)
+BUSY = {
+    "type": "error",
+    "error": {
+        "type": "invalid_request_error",
+        "code": "conversation_already_has_active_response",
+        "message": "Conversation already has an active response in progress",
+    },
+}
 #: model "vad": the pause before the commit, and between the commit and the response
 VAD_PAUSE_S = 0.3
 
@@ -236,7 +246,9 @@ class RealtimeUpstream:
         if isinstance(message, str):
             with contextlib.suppress(orjson.JSONDecodeError):
                 kind = orjson.loads(message).get("type")
-        if kind == "response.create":
+        if kind == "response.create" and model == "busy":
+            await conn.send(orjson.dumps(BUSY).decode())
+        elif kind == "response.create":
             await self._respond(conn, seen)
         elif kind == "input_audio_buffer.append" and model == "vad":
             await self._vad_turn(conn, seen)

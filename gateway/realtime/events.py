@@ -214,6 +214,8 @@ class Responses:
             self._done(message, written_at)
         elif kind == "input_audio_buffer.committed" and self._trigger is None:
             self._trigger = written_at  # server VAD: the turn the next response answers
+        elif kind == "error" and not self._open:
+            self._trigger = None  # e.g. a response.create refused: no response will follow
 
     def _first_delta(self, message: bytes, at: float) -> None:
         waiting = [r for r in self._open.values() if r.first_delta is None]
@@ -244,9 +246,17 @@ class Responses:
         found.usage(response.get("usage"))
         self._on_done(found)
 
-    def idle(self) -> bool:
-        """No response in progress, and none asked for that has not started yet."""
-        return not self._open and self._trigger is None
+    def idle(self, now: float, stale_s: float) -> bool:
+        """No response in progress, and none asked for in the last ``stale_s`` that has not
+        started yet (an older ask, or a VAD commit that creates no response, is not waited
+        for)."""
+        trigger = self._trigger
+        return not self._open and (trigger is None or now - trigger > stale_s)
+
+    @property
+    def in_progress(self) -> bool:
+        """A response has started and is not done."""
+        return bool(self._open)
 
     def unfinished(self) -> list[ModelResponse]:
         """Responses the session ended in the middle of."""

@@ -28,10 +28,9 @@ Why reach past ASGI: the ASGI hops cost a queue, a task switch, a message dict a
 decode/encode per message each way (``loadtests/realtime.py`` measures it). What this reaches
 into is uvicorn's protocol (``handle_text``, ``handle_bytes``, ``send_receive_event_to_app``,
 ``frames``, ``curr_msg_data_type``, ``conn``, ``queue``, ``writable``, ``close_sent``): pinned
-by ``uvicorn<0.56`` in ``pyproject.toml``; the same names are there from 0.50 (the lowest
-bound) to 0.55. uvicorn 0.50 has no ``pause_writing`` / ``resume_writing`` of its own (so
-``writable`` never cleared there); the two below are 0.55's, so a slow client slows its sender
-on every version allowed.
+by ``uvicorn<0.56`` in ``pyproject.toml``; the same names (and ``shutdown``) are there from
+0.53 (the lowest bound) to 0.55. The ``pause_writing`` / ``resume_writing`` below are 0.55's,
+so a slow client slows its sender on every version allowed.
 
 Why ``websockets`` rather than ``wsproto`` (both are maintained, both work under uvicorn): the
 same library is the upstream client (:mod:`gateway.realtime.upstream`), its frame masking and

@@ -43,7 +43,7 @@ from gateway.errors import (
 from gateway.hops.auth import KeyEntry
 from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
-from gateway.realtime.events import ModelResponse, Responses
+from gateway.realtime.events import ModelResponse, OnDone, Responses
 from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
 from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
@@ -65,7 +65,8 @@ _HTTP_RESPONSE = "websocket.http.response"
 RESPONSES_KEPT = 50
 #: a draining session is closed this long before the server's shutdown grace is over
 DRAIN_MARGIN_S = 1.0
-_RESTART = (1012, "service restart", BY_SHUTDOWN)
+#: a draining session waits this long for a response asked for (or a VAD turn) to start
+DRAIN_ASKED_S = 2.0
 
 
 def _http_send(scope: Scope, send: Send) -> Send:
@@ -129,7 +130,7 @@ class LiveSession:
     in ``Runtime.sessions`` while open, its :meth:`summary` set on the context at the end.
     Nothing here runs per message: the relay's counters are read when somebody looks."""
 
-    __slots__ = ("_server", "ctx", "done", "draining", "facts", "relay", "responses")
+    __slots__ = ("_server", "_timer", "ctx", "done", "draining", "facts", "relay", "responses")
 
     def __init__(self, ctx: RequestContext, facts: SessionFacts, responses: Responses) -> None:
         self.ctx = ctx
@@ -141,40 +142,55 @@ class LiveSession:
         #: the server is shutting down: close once no response is in progress
         self.draining = False
         self._server: RealtimeWebSocketProtocol | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def attach(self, relay: Relay, rt: Runtime, server: object) -> None:
-        """The relay runs: the session is open for the live view, and drains when the server
-        (the client's connection, when it is the gateway's own protocol) shuts down."""
+        """The relay runs: the session is open for the live view (keyed by the object: two
+        sessions may carry the same x-request-id), and drains when the server (the client's
+        connection, when it is the gateway's own protocol) shuts down."""
         self.relay = relay
-        rt.sessions[self.ctx.request_id] = self
+        rt.sessions[id(self)] = self
         if isinstance(server, RealtimeWebSocketProtocol):
             server.drain = partial(self.drain, rt.config.server.shutdown_grace_s)
             self._server = server
 
     def detach(self, rt: Runtime) -> None:
-        rt.sessions.pop(self.ctx.request_id, None)
+        rt.sessions.pop(id(self), None)
         if self._server is not None:
             self._server.drain = None
             self._server = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def drain(self, grace_s: float) -> None:
         """The server stops: close with 1012 (the client reconnects, to another replica) once
         the response in progress is done — at once when none is — and in any case a second
         before the server's grace is over, so a close frame goes out rather than a cut."""
-        relay = self.relay
-        if relay is None:
+        if self.relay is None:
             return
         self.draining = True
-        if self.responses.idle():
-            relay.stop(*_RESTART)
+        if self._drained():
             return
         loop = asyncio.get_running_loop()
-        loop.call_later(max(0.0, grace_s - DRAIN_MARGIN_S), relay.stop, *_RESTART)
+        self._timer = loop.call_later(max(0.0, grace_s - DRAIN_MARGIN_S), self._restart)
+        if not self.responses.in_progress:  # asked for, not started: look again when stale
+            loop.call_later(DRAIN_ASKED_S + 0.01, self._drained)
 
     def response_ended(self) -> None:
         """A response is done: while draining, the session closes once none is left."""
-        if self.draining and self.relay is not None and self.responses.idle():
-            self.relay.stop(*_RESTART)
+        if self.draining:
+            self._drained()
+
+    def _drained(self) -> bool:
+        if self.responses.idle(time.perf_counter(), DRAIN_ASKED_S):
+            self._restart()
+            return True
+        return False
+
+    def _restart(self) -> None:
+        if self.relay is not None:
+            self.relay.stop(1012, "service restart", BY_SHUTDOWN)
 
     def summary(self) -> dict[str, Any]:
         """Messages each way, the close, the responses with TTFT (docs/spec.md §19)."""
@@ -249,7 +265,7 @@ class Realtime:
         out = ResponseWriter(ctx, _http_send(scope, send), rt.telemetry.headers_at_start)
         facts = SessionFacts()
         upstream: UpstreamSocket | None = None
-        responses = Responses(lambda r: self._response_done(ctx, r, live))
+        responses = Responses(_guarded(lambda r: self._response_done(ctx, r, live)))
         live = LiveSession(ctx, facts, responses)
         end: End | None = None
         relay: Relay | None = None
@@ -453,6 +469,19 @@ class Realtime:
         metrics.realtime.sessions.inc((code,))
         route = ctx.call.route.name if ctx.call is not None else "none"
         metrics.requests.inc((route, metrics.model_label(ctx), "101"))
+
+
+def _guarded(done: OnDone) -> OnDone:
+    """``done``, called in the relay's read callback: nothing may escape into the connection
+    there, or the session would end for a telemetry fault."""
+
+    def on_done(response: ModelResponse) -> None:
+        try:
+            done(response)
+        except Exception:
+            log.exception("realtime: the telemetry of a response failed (the session goes on)")
+
+    return on_done
 
 
 def _take_key(ctx: RequestContext, subprotocols: Any) -> list[str]:

@@ -158,3 +158,32 @@ def test_sessions_open_at_once_are_listed_newest_first(gateway):
     while api(gw, "api/realtime")["open"]:
         assert time.monotonic() < deadline, "closed sessions are still listed as open"
         time.sleep(0.02)
+
+
+def test_two_open_sessions_with_one_request_id_are_both_listed(gateway):
+    """Clients choose x-request-id: two sessions sharing one are two sessions, and the end of
+    one does not hide the other."""
+    gw = gateway(embedded_default())
+    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    shared = f"lv-rt-same-{uuid.uuid4().hex[:6]}"
+    first = client.realtime.connect(
+        model="gpt-4o", extra_headers={"x-request-id": shared}, max_retries=0
+    )
+    second = client.realtime.connect(
+        model="gpt-4o", extra_headers={"x-request-id": shared}, max_retries=0
+    )
+    conn = first.__enter__()
+    try:
+        assert conn.recv().type == "session.created"
+        other = second.__enter__()
+        try:
+            assert other.recv().type == "session.created"
+            assert [s["request_id"] for s in api(gw, "api/realtime")["open"]] == [shared] * 2
+        finally:
+            second.__exit__(None, None, None)
+        deadline = time.monotonic() + 10
+        while len(api(gw, "api/realtime")["open"]) != 1:
+            assert time.monotonic() < deadline, "the first session is not listed alone"
+            time.sleep(0.02)
+    finally:
+        first.__exit__(None, None, None)

@@ -352,6 +352,16 @@ def check_realtime_sessions(page: Page, lv: Live) -> None:
         conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
         types, done = turn(conn, "show me the session")
         page.wait_for_selector(f'#sessions tr[data-id="{session}"]', timeout=10_000)
+        # a poll may have landed mid-turn: wait for one that saw the whole turn (every 5 s)
+        page.wait_for_function(
+            """([id, out]) => {
+              const tr = document.querySelector(`#sessions tr[data-id="${id}"]`);
+              return tr && tr.dataset.messagesIn === "3" && tr.dataset.responses === "1"
+                && Number(tr.dataset.messagesOut) === out;
+            }""",
+            arg=[session, len(types)],
+            timeout=15_000,
+        )
         row = page.evaluate(_OPEN_JS, session)
         assert not row["hidden"] and row["in"] == 3 and row["out"] == len(types)
         assert row["responses"] == 1 and session in row["cells"][1]

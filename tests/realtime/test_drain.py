@@ -91,12 +91,43 @@ def test_a_response_longer_than_the_grace_is_closed_1012_within_it(tmp_path, rea
     up = realtime_upstream(deltas=30, pace_s=0.5)  # ~15 s: longer than the grace
     got = _drain(tmp_path, up, grace=3, respond=True)
     assert "response.done" not in got["kinds"]
+    # relayed on after the signal, until a second before the grace was over
+    assert got["kinds"].count("response.output_text.delta") >= 2
+    assert got["closed_after"] >= 3 - 1 - 0.5
     assert got["code"] == 1012  # a close frame, not a dropped connection
     assert got["exit"] == 0
 
 
+def test_a_refused_response_create_does_not_hold_the_drain(tmp_path, realtime_upstream):
+    """A response.create the upstream refused (an error event, no response) leaves nothing in
+    progress: the session closes at once, not when the grace is nearly over."""
+    up = realtime_upstream()
+
+    async def session(port: int, signal_it: Callable[[], None]) -> tuple[int | None, float]:
+        url = f"ws://127.0.0.1:{port}/v1/realtime?model=busy"
+        async with connect(url, open_timeout=10) as ws:
+            await ws.recv()
+            await ws.send('{"type":"response.create"}')
+            assert orjson.loads(await ws.recv())["type"] == "error"
+            signalled = time.monotonic()
+            signal_it()
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in ws:
+                    pass
+            rcvd = ws.protocol.close_rcvd
+        return (rcvd.code if rcvd is not None else None), time.monotonic() - signalled
+
+    with gateway_process(tmp_path, _config(up), server_extra="shutdown_grace_s = 30") as gw:
+        code, closed_after = run(
+            session(gw.port, lambda: gw.proc.send_signal(signal.SIGTERM)), timeout=60
+        )
+        assert gw.proc.wait(30) == 0
+    assert code == 1012
+    assert closed_after < 15  # held for the grace it would be 29 s (generous: a behaviour)
+
+
 def test_the_process_stops_accepting_sessions_once_draining(tmp_path, realtime_upstream):
-    up = realtime_upstream(deltas=5, pace_s=0.3)
+    up = realtime_upstream(deltas=40, pace_s=0.25)  # ~10 s of response after the signal
     with gateway_process(tmp_path, _config(up), server_extra="shutdown_grace_s = 20") as gw:
 
         async def main() -> None:
@@ -106,12 +137,20 @@ def test_the_process_stops_accepting_sessions_once_draining(tmp_path, realtime_u
                 await ws.send('{"type":"response.create"}')
                 await ws.recv()
                 gw.proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.5)
-                try:
-                    async with connect(url, open_timeout=3):
-                        raise AssertionError("a new session was accepted while draining")
-                except (OSError, TimeoutError):
-                    pass
+                # the listener closes once the server sees the signal: a new session is
+                # refused from then on, while the first one is still relaying
+                deadline = time.monotonic() + 8
+                while True:
+                    try:
+                        async with connect(url, open_timeout=3) as late:
+                            await late.recv()
+                    except (OSError, TimeoutError):
+                        break
+                    except ConnectionClosed:
+                        pass  # accepted before the listener closed: drained at once
+                    assert time.monotonic() < deadline, "still accepting sessions"
+                    await asyncio.sleep(0.1)
+                assert ws.protocol.close_rcvd is None  # the first session still relays
                 with contextlib.suppress(ConnectionClosed):  # 1012 once the response is done
                     async for _ in ws:
                         pass

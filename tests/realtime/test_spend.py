@@ -106,6 +106,7 @@ def test_a_keys_budget_is_debited_per_response(gateway, realtime_upstream):
 
     assert run(session()) == "1.000000"
     up.wait_ended()
+    _once_closed(gw.url, 1)  # the gateway finished the session
     assert _spent(gw) == pytest.approx(ONE)  # the session's end debits nothing more
 
 
