@@ -290,8 +290,10 @@ class RedisStore:
 
     async def wait_for(self, key: str, timeout_s: float) -> bytes | None:
         delay = _POLL_FIRST_S
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout_at(deadline):
                 while True:
                     value = await self.get(key)
                     if value is not None:
@@ -299,7 +301,13 @@ class RedisStore:
                     if not await self._locked(key):
                         # the leader may have stored and unlocked between our two reads
                         return await self.get(key)
-                    await asyncio.sleep(delay)
+                    # the loop keeps its own deadline too: a cancellation the timeout sends
+                    # while a command is in flight can be swallowed inside the Redis client
+                    # (seen once in CI: a 0.3 s wait lasted until the 60 s lock expired)
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        return None
+                    await asyncio.sleep(min(delay, left))
                     delay = min(delay * 2, _POLL_MAX_S)
         except TimeoutError:
             return None
