@@ -108,6 +108,15 @@ def new_loop() -> asyncio.AbstractEventLoop:
 # ---------------------------------------------------------------- the echo upstream
 
 
+def write_out(ws: Any, transport: Any) -> None:
+    """What a sans-I/O ``websockets`` protocol has to send, written (an empty chunk: close)."""
+    for chunk in ws.data_to_send():
+        if chunk:
+            transport.write(chunk)
+        else:
+            transport.close()
+
+
 def echo_main(port: int) -> None:
     """A realtime upstream that echoes every message in the read that completed it."""
     from websockets.frames import Frame, Opcode
@@ -137,11 +146,7 @@ def echo_main(port: int) -> None:
             self.flush()
 
         def flush(self) -> None:
-            for chunk in self.ws.data_to_send():
-                if chunk:
-                    self.transport.write(chunk)
-                else:
-                    self.transport.close()
+            write_out(self.ws, self.transport)
 
     loop = new_loop()
     loop.run_until_complete(loop.create_server(Echo, "127.0.0.1", port, backlog=4096))
@@ -262,11 +267,7 @@ class ForwardHop(asyncio.Protocol):
             self.peer.transport.close()
 
     def flush(self) -> None:
-        for chunk in self.ws.data_to_send():
-            if chunk:
-                self.transport.write(chunk)
-            else:
-                self.transport.close()
+        write_out(self.ws, self.transport)
 
 
 def ws_forward_main(port: int, target: int) -> None:
@@ -359,11 +360,7 @@ class BenchSession(asyncio.Protocol):
         self.flush()
 
     def flush(self) -> None:
-        for chunk in self.ws.data_to_send():
-            if chunk:
-                self.transport.write(chunk)
-            else:
-                self.transport.close()
+        write_out(self.ws, self.transport)
 
 
 async def _client(url: str, sessions: int, rate: float, seconds: float) -> dict[str, Any]:
