@@ -42,9 +42,9 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ClusterError, MaxConnectionsError, ResponseError
 
 from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.guard import RedisGuard, close_quietly
 from gateway.cache.store import CacheUnavailable, lock_key
 from gateway.config import CacheConfig
 
@@ -168,6 +168,9 @@ class RedisStore:
     ) -> None:
         self._timeout = cfg.timeout_ms / 1000.0
         self._breaker = breaker or CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
+        self._guard = RedisGuard(
+            self._breaker, self._timeout, CacheUnavailable, self._down, self._up
+        )
         self._url = cfg.url
         password: str | None = None
         if cfg.password_env:
@@ -190,45 +193,19 @@ class RedisStore:
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run one Redis command under the breaker and the timeout; failures -> CacheUnavailable."""
-        breaker = self._breaker
-        if not breaker.allow():
-            raise CacheUnavailable("redis circuit breaker is open")
-        was_probe = breaker.state == "half_open"
-        try:
-            async with asyncio.timeout(self._timeout):
-                result = await op()
-        except MaxConnectionsError as exc:
-            # our own pool is full (a load burst): not Redis's failure, no verdict
-            breaker.release()
-            raise CacheUnavailable(f"redis pool exhausted: {exc}") from exc
-        except ResponseError as exc:
-            if isinstance(exc, ClusterError):  # CLUSTERDOWN, MASTERDOWN: no usable node
-                self._failed(exc)
-            else:  # Redis answered (OOM, MISCONF, READONLY...): it is alive
-                breaker.success()
-            raise CacheUnavailable(f"redis error: {exc}") from exc
-        except Exception as exc:  # refused, reset, timeouts, cluster topology errors, ...
-            self._failed(exc)
-            raise CacheUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
-        except BaseException:  # cancelled by the caller: no verdict
-            breaker.release()
-            raise
-        breaker.success()
-        if was_probe:
-            log.info("redis cache %s is back; caching resumes", self._url_for_log)
-        return result
+        return await self._guard.call(op)
 
-    def _failed(self, exc: Exception) -> None:
-        before = self._breaker.state
-        self._breaker.failure()
-        if before == "closed" and self._breaker.state == "open":  # once per outage
-            log.warning(
-                "redis cache %s unavailable (%s: %s); serving uncached, retrying in %.1fs",
-                self._url_for_log,
-                type(exc).__name__,
-                exc,
-                self._breaker.reset_s,
-            )
+    def _down(self, exc: Exception) -> None:
+        log.warning(
+            "redis cache %s unavailable (%s: %s); serving uncached, retrying in %.1fs",
+            self._url_for_log,
+            type(exc).__name__,
+            exc,
+            self._breaker.reset_s,
+        )
+
+    def _up(self) -> None:
+        log.info("redis cache %s is back; caching resumes", self._url_for_log)
 
     @property
     def _url_for_log(self) -> str:
@@ -317,7 +294,4 @@ class RedisStore:
         return "ok" if state == "closed" else state
 
     async def aclose(self) -> None:
-        try:
-            await self._client.aclose()
-        except Exception as exc:  # a paused Redis must not hold shutdown up
-            log.warning("closing the redis client failed: %r", exc)
+        await close_quietly(self._client, log, "redis")

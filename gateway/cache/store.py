@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from gateway.cache.guard import RedisUnavailable
+
 #: lock keys live beside their entry key
 LOCK_SUFFIX = ":lock"
 
 
-class CacheUnavailable(Exception):
+class CacheUnavailable(RedisUnavailable):
     """The store could not answer (error, timeout, breaker open); callers serve the request
     uncached (x-gateway-cache: BYPASS)."""
 

@@ -31,7 +31,6 @@ succeeded forgets it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -41,6 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Protocol, TypeVar
 
 from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.guard import RedisGuard, RedisUnavailable
 from gateway.cache.redis import connect
 from gateway.config import Config
 from gateway.routes import Backend
@@ -77,7 +77,7 @@ def response_path_id(path: str) -> str | None:
     return rid or None
 
 
-class OwnersUnavailable(Exception):
+class OwnersUnavailable(RedisUnavailable):
     """The shared store could not answer (error, timeout, breaker open)."""
 
 
@@ -171,32 +171,25 @@ class RedisOwners:
             url, self._timeout, password=password, cluster=cluster, max_connections=_MAX_CONNECTIONS
         )
         self._breaker = breaker or CircuitBreaker(_BREAKER_FAILURES, _BREAKER_RESET_S)
+        self._guard = RedisGuard(
+            self._breaker, self._timeout, OwnersUnavailable, self._down, self._up
+        )
         self._prefix = f"gateway:response-owner:v1:{namespace}:"
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        breaker = self._breaker
-        if not breaker.allow():
-            raise OwnersUnavailable("circuit breaker open")
-        try:
-            async with asyncio.timeout(self._timeout):
-                reply = await op()
-        except Exception as exc:  # refused, reset, timeouts, cluster errors, Redis errors
-            before = breaker.state
-            breaker.failure()
-            if before == "closed" and breaker.state == "open":  # once per outage
-                log.warning(
-                    "response ownership: Redis unreachable (%s); follow-ups route by the ids "
-                    "this process knows, else by model, until it is back",
-                    type(exc).__name__,
-                )
-            raise OwnersUnavailable(str(exc)) from exc
-        except BaseException:  # cancelled: no verdict
-            breaker.release()
-            raise
-        if breaker.state == "half_open":
-            log.warning("response ownership: Redis is back; replicas share response owners again")
-        breaker.success()
-        return reply
+        return await self._guard.call(op)
+
+    @staticmethod
+    def _down(exc: Exception) -> None:
+        log.warning(
+            "response ownership: Redis unreachable (%s); follow-ups route by the ids "
+            "this process knows, else by model, until it is back",
+            type(exc).__name__,
+        )
+
+    @staticmethod
+    def _up() -> None:
+        log.warning("response ownership: Redis is back; replicas share response owners again")
 
     async def get(self, response_id: str) -> str | None:
         value = await self._call(lambda: self._client.get(self._prefix + response_id))
