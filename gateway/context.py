@@ -285,6 +285,7 @@ class Answer:
         "error",
         "finish_reasons",
         "pricing",
+        "reservation",
         "reserved_nano",
         "reserved_shared",
         "reserved_tokens",
@@ -317,6 +318,8 @@ class Answer:
         self.reserved_nano = 0
         #: None while the reservation is due (set by the auth hop, made by its admit step)
         self.reserved_shared: bool | None = False
+        #: the reservation's id (gateway/hops/reservations.py; '' when nothing was reserved)
+        self.reservation = ""
 
     @property
     def input_tokens(self) -> int | None:

@@ -63,6 +63,7 @@ from gateway.hops.limits import (
     RedisLimits,
     Spent,
     Verdict,
+    new_rid,
     reset_text,
     spend_key,
 )
@@ -253,15 +254,17 @@ class Auth:
                     )
                 reserve = price.reserve_nano(most_in, most_out)
         limits = self.limits
+        rid = new_rid() if tokens or reserve else ""
         if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
-            verdict = limits.admit_now(entry.allowance, tokens, reserve)
+            verdict = limits.admit_now(entry.allowance, tokens, reserve, rid)
         else:
-            verdict = await limits.admit(entry.allowance, tokens, reserve)
+            verdict = await limits.admit(entry.allowance, tokens, reserve, rid)
         _admitted(ctx, entry, verdict, tokens, reserve)
         answer = ctx.answer
         answer.reserved_tokens = tokens
         answer.reserved_nano = reserve
         answer.reserved_shared = verdict.shared
+        answer.reservation = rid
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:
@@ -337,7 +340,14 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
     """What a finished request reserved and really used (docs/spec.md §20): nothing for a
     cache hit; its usage and cost; its reservation when it completed without telling usage."""
     answer = ctx.answer
-    spent = Spent(answer.reserved_tokens, 0, answer.reserved_nano, 0, bool(answer.reserved_shared))
+    spent = Spent(
+        answer.reserved_tokens,
+        0,
+        answer.reserved_nano,
+        0,
+        bool(answer.reserved_shared),
+        answer.reservation,
+    )
     if ctx.cache.result == "hit":
         return spent
     usage = answer.tokens

@@ -19,41 +19,66 @@ Budgets (``budget_usd`` of a key, and of its ``[[auth.tenants]]`` entry: both ar
 whole nano-dollars per UTC period (:func:`gateway.spend.period_bounds`): *spent* this period and
 *reserved* by requests in flight. A request reserving ``c`` is admitted iff ``spent + reserved +
 c <= budget`` for each budget; at its end its reservation is released and its real cost spent.
-A reservation nobody settled for :data:`RESERVE_TTL_S` (its replica died) is dropped.
+Each request's reservation is a record of its own, under an id of its own, with the states and
+transitions of gateway/hops/reservations.py: settled at most once, released when its lease
+runs out (the replica that made it died; live ones renew theirs), never a whole budget's sum.
 
 With Redis (``auth.redis_url``, or the ``[cache]`` Redis) the admission of a request — budgets,
 tokens and requests — is **one** Lua script, one round trip, atomic, on Redis's own clock
 (``TIME``), so replicas with skewed clocks share one budget; the end of the request is one more
-script. A key's buckets and budgets and its tenant's budget share one hash tag (the tenant), so
-the scripts run on Redis Cluster too. Each command waits at most ``auth.timeout_ms``; a circuit
-breaker stops calling a dead Redis at all. While Redis is unreachable the limits are counted
-here, per process (never unlimited, never a wait): a budget's spending starts from what Redis
-last said was spent, so each replica can spend at most what was left of it then; what was spent
-meanwhile is added to Redis when it answers again (nothing is forgotten).
-``gateway_ratelimit_fallback`` is 1 and a warning is logged while that lasts; the first command
-that succeeds again ends the fallback (and logs it).
+script. Both are keyed by the request's reservation id, so a retry or a replay is applied at
+most once. A key's buckets and budgets and its tenant's budget share one hash tag (the tenant),
+so the scripts run on Redis Cluster too. Each call goes through the one Redis guard
+(gateway/cache/guard.py: ``auth.timeout_ms``, a circuit breaker, and the rule that a command
+that timed out may have run). While Redis is unreachable the limits are counted here, per
+process (never unlimited, never a wait): a budget's spending starts from what Redis last said
+was spent, so each replica can spend at most what was left of it then; the settlements Redis
+did not confirm wait in a ledger and are replayed when it answers again (nothing is forgotten,
+nothing counted twice). ``gateway_ratelimit_fallback`` is 1 and a warning is logged while that
+lasts; the first command that succeeds again ends the fallback (and logs it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Protocol
 
 from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.guard import RedisGuard, RedisUnavailable, close_quietly
 from gateway.cache.redis import connect
+from gateway.hops.reservations import (
+    ADMIT,
+    ADMIT_LUA,
+    EXPIRE,
+    RECORD_TTL_S,
+    RENEW_LUA,
+    REPORT_LUA,
+    RESERVE_TTL_S,
+    RESERVED,
+    SETTLE,
+    SETTLE_LUA,
+    member,
+    step,
+)
 from gateway.memo import remember
 from gateway.spend import PERIOD_CODES, current_period, nano, period_bounds
 
 log = logging.getLogger("gateway.auth")
 
 WINDOW_S: Final = 60.0
-#: a reservation not settled for this long is dropped (the replica that made it is gone)
-RESERVE_TTL_S: Final = 900
+#: a budget's sorted set of reservations (by lease expiry) is named after it with this suffix
+LEASES: Final = ":leases"
+_REC: Final = b"%d" % RECORD_TTL_S
+#: seconds between two replays of the ledger while Redis does not confirm it
+_RETRY_S: Final = 1.0
 #: seconds a request refused only because of other requests' reservations is told to wait
 IN_FLIGHT_RETRY_S: Final = 1.0
 #: breaker for the limiter's Redis (as the cache's defaults)
@@ -94,7 +119,9 @@ class Allowance:
         "id",
         "kb_key",
         "key_budget",
+        "leases",
         "r_key",
+        "record_prefix",
         "rpm",
         "script_keys",
         "t_key",
@@ -126,13 +153,20 @@ class Allowance:
         # a budget the key does not have is never touched; its name only fills the key list
         self.kb_key = key_budget.id if key_budget is not None else base + ":-"
         self.tb_key = tenant_budget.id if tenant_budget is not None else base + ":-"
-        # the admission script's keys and constant arguments, encoded once (per request only
-        # the tokens and the cost are): KEYS, then ARGV = head, tokens, cost, tail
-        keys = (self.r_key, self.t_key, self.kb_key, self.tb_key)
+        # the scripts' keys and constant arguments, encoded once (per request only the tokens,
+        # the cost and the request's record are): KEYS = the buckets, the budgets, their
+        # leases, then the record; ARGV = lease ttl, head, tokens, cost, tail, id, record ttl
+        keys = (self.r_key, self.t_key, self.kb_key, self.tb_key, *self._lease_names())
         self.script_keys = tuple(k.encode() for k in keys)
+        #: the budgets' sets of reservations, in the order of ``budgets``
+        self.leases = tuple((b.id + LEASES).encode() for b in self.budgets)
+        self.record_prefix = "gateway:reservation:v1:{" + tag + "}:"
         self.head = (b"%d" % (rpm or 0), b"%d" % (tpm or 0))
-        limits = (*_budget_args(key_budget), *_budget_args(tenant_budget), RESERVE_TTL_S)
+        limits = (*_budget_args(key_budget), *_budget_args(tenant_budget))
         self.tail = tuple(b"%d" % v for v in limits)
+
+    def _lease_names(self) -> tuple[str, str]:
+        return self.kb_key + LEASES, self.tb_key + LEASES
 
 
 def spend_key(tag: str, owner: str) -> str:
@@ -255,12 +289,13 @@ class Limits(Protocol):
     #: True while the limits are counted per process because their shared store is unreachable
     fallback: bool
 
-    async def admit(self, a: Allowance, tokens: int, cost: int) -> Verdict:
-        """Check every limit of ``a`` and, when all admit, reserve ``tokens`` and ``cost``."""
+    async def admit(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
+        """Check every limit of ``a`` and, when all admit, reserve ``tokens`` and ``cost``
+        under the request's id ``rid`` (at most once per id)."""
         ...
 
     async def settle(self, a: Allowance, spent: Spent) -> None:
-        """Replace a request's reservation with what it really used."""
+        """Replace a request's reservation with what it really used (at most once per id)."""
         ...
 
     def view(self, budget: Budget) -> tuple[int, int, int, int]:
@@ -284,11 +319,33 @@ class Spent:
     cost: int
     #: the reservation was made in the shared store
     shared: bool = False
+    #: the request's reservation id ('' : it reserved nothing; its settlement gets one)
+    rid: str = ""
+
+
+def new_rid() -> str:
+    """A reservation's id: unique per request, whatever id the client sent."""
+    return os.urandom(12).hex()
+
+
+class _State:
+    """A budget in this process: this period's spent and reserved, the previous period's
+    spent, and the live reservations (request id -> cost, period made in, expiry), oldest
+    lease first."""
+
+    __slots__ = ("end", "held", "pspent", "pstart", "reserved", "spent", "start")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.spent = self.reserved = self.pspent = 0
+        self.pstart = -1
+        self.held: dict[str, tuple[int, int, float]] = {}
 
 
 class MemoryLimits:
     """The buckets and budgets in this process (``time.monotonic`` for the buckets, the wall
-    clock for the budgets' calendar periods)."""
+    clock for the budgets' calendar periods and the reservations' leases). The reservations
+    follow gateway/hops/reservations.py's table (:func:`step`), as the Redis scripts do."""
 
     #: the state is here: never a fallback
     fallback = False
@@ -297,40 +354,56 @@ class MemoryLimits:
         self,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        reserve_ttl_s: float = RESERVE_TTL_S,
     ) -> None:
         self._clock = clock
         self._wall = wall
+        self.reserve_ttl_s = reserve_ttl_s
         self._tat: dict[str, float] = {}
-        #: budget id -> [period start, spent, reserved, last touched (s), period end (s)]
-        self._spend: dict[str, list[int]] = {}
+        self._spend: dict[str, _State] = {}
+        #: request id -> [state, cost, tokens, {budget id: period start}]
+        self._records: dict[str, list[Any]] = {}
 
-    def _budget(self, b: Budget, now_s: int) -> list[int]:
-        """The budget's state in the current period (spent starts again at 0 in a new one;
-        reservations carry over: their requests are still in flight)."""
+    def _budget(self, b: Budget, now: float) -> _State:
+        """The budget's state in the current period, its expired leases released (EXPIRE)."""
+        now_s = int(now)
         state = self._spend.get(b.id)
-        if state is None or not state[0] <= now_s < state[4]:
+        if state is None or not state.start <= now_s < state.end:
             start, reset = current_period(b.code, now_s)
             if state is None:
-                state = remember(self._spend, b.id, [start, 0, 0, now_s, 0], _MEMORY_MAX)
-            if state[0] != start:
-                state[0], state[1] = start, 0
-            state[4] = reset or _NEVER
-        elif state[2] and now_s - state[3] > RESERVE_TTL_S:
-            state[2] = 0
+                state = remember(self._spend, b.id, _State(start, reset or _NEVER), _MEMORY_MAX)
+            elif state.start != start:
+                state.pstart, state.pspent = state.start, state.spent
+                state.spent = state.reserved = 0
+            state.start, state.end = start, reset or _NEVER
+        held = state.held
+        while held:
+            rid, (cost, made, expiry) = next(iter(held.items()))
+            if expiry > now:
+                break
+            del held[rid]
+            if made == state.start:
+                state.reserved -= cost
+            record = self._records.get(rid)
+            if record is not None and record[0] == RESERVED:
+                record[0] = step(RESERVED, EXPIRE)[0]
         return state
 
-    def admit_now(self, a: Allowance, tokens: int, cost: int) -> Verdict:
+    def admit_now(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
+        if rid and rid in self._records:  # admitted (or settled) before: nothing again
+            step(self._records[rid][0], ADMIT)
+            return Verdict(True)
         left: int | None = None
         states = []
-        now_s = 0
+        now = 0.0
         if a.budgets:
-            now_s = int(self._wall())
+            now = self._wall()
             for b in a.budgets:
-                state = self._budget(b, now_s)
-                room = b.limit - state[1] - state[2]
+                state = self._budget(b, now)
+                room = b.limit - state.spent - state.reserved
                 if cost > room:
-                    reset = 0 if state[4] == _NEVER else state[4]
-                    refused = budget_refusal(b, state[1], state[2], cost, reset, now_s)
+                    reset = 0 if state.end == _NEVER else state.end
+                    refused = budget_refusal(b, state.spent, state.reserved, cost, reset, int(now))
                     assert refused is not None
                     return refused
                 if left is None or room < left:
@@ -349,50 +422,88 @@ class MemoryLimits:
                 remember(self._tat, a.t_key, t_tat, _MEMORY_MAX)
         else:
             verdict = Verdict(True, budget_left=left)
-        for state in states:
-            state[2] += cost
-            state[3] = now_s
+        self._reserve(a, rid, tokens, cost, states, now)
         return verdict
 
+    def _reserve(
+        self, a: Allowance, rid: str, tokens: int, cost: int, states: list[_State], now: float
+    ) -> None:
+        if not (cost or tokens):
+            return
+        rid = rid or new_rid()
+        made = {}
+        expiry = now + self.reserve_ttl_s
+        for b, state in zip(a.budgets, states, strict=True):
+            made[b.id] = state.start
+            if cost:
+                state.reserved += cost
+                state.held[rid] = (cost, state.start, expiry)
+        record = [step(None, ADMIT)[0], cost, tokens, made]
+        remember(self._records, rid, record, _MEMORY_MAX)
+
+    def hold(self, a: Allowance, rid: str, cost: int) -> None:
+        """Count a reservation the shared store made for this process's request here too: a
+        fallback then starts with it in flight."""
+        now = self._wall()
+        states = [self._budget(b, now) for b in a.budgets] if cost else []
+        self._reserve(a, rid, 0, cost, states, now)
+
+    def renew(self, rid: str) -> None:
+        """Extend a live request's lease (its oldest-first place moves to the end)."""
+        record = self._records.get(rid)
+        if record is None or record[0] != RESERVED:
+            return
+        expiry = self._wall() + self.reserve_ttl_s
+        for budget_id in record[3]:
+            state = self._spend.get(budget_id)
+            entry = state.held.pop(rid, None) if state is not None else None
+            if state is not None and entry is not None:
+                state.held[rid] = (entry[0], entry[1], expiry)
+
     def settle_now(self, a: Allowance, spent: Spent) -> None:
-        delta = spent.tokens - spent.reserved_tokens
+        record = self._records.get(spent.rid) if spent.rid else None
+        state_was = record[0] if record is not None else None
+        new, release, spend, _ = step(state_was, SETTLE)
+        if not (release or spend):
+            return  # settled before: at most once
+        held_tokens = record[2] if record is not None else 0
+        delta = spent.tokens - held_tokens
         if a.tpm and delta:
             tat = debit_gcra(self._clock(), self._tat.get(a.t_key), delta, a.tpm)
             if tat is None:
                 self._tat.pop(a.t_key, None)
             else:
                 remember(self._tat, a.t_key, tat, _MEMORY_MAX)
-        if a.budgets and (spent.reserved_cost or spent.cost):
-            now_s = int(self._wall())
+        if a.budgets:
+            now = self._wall()
             for b in a.budgets:
-                state = self._budget(b, now_s)
-                state[1] += spent.cost
-                reserved = state[2] - spent.reserved_cost
-                state[2] = reserved if reserved > 0 else 0
-                state[3] = now_s
-
-    def hold(self, a: Allowance, cost: int) -> None:
-        """Count a reservation the shared store made for this process's request here too: a
-        fallback then starts with it in flight."""
-        if cost:
-            now_s = int(self._wall())
-            for b in a.budgets:
-                state = self._budget(b, now_s)
-                state[2] += cost
-                state[3] = now_s
+                state = self._budget(b, now)
+                made = record[3].get(b.id, state.start) if record is not None else state.start
+                entry = state.held.pop(spent.rid, None) if release else None
+                if entry is not None and made == state.start:
+                    state.reserved -= entry[0]
+                if made == state.pstart and made != state.start:
+                    state.pspent += spent.cost
+                else:
+                    state.spent += spent.cost
+        if record is not None:
+            record[0] = new
+        elif spent.rid:  # a late admission of it reserves nothing (as the scripts' record)
+            remember(self._records, spent.rid, [new, 0, 0, {}], _MEMORY_MAX)
 
     def observe(self, b: Budget, start: int, spent: int) -> None:
         """What the shared store says a budget has spent (where a fallback starts from)."""
-        state = self._budget(b, int(self._wall()))
-        if state[0] == start:  # (a reply from another period is of no use here)
-            state[1] = spent
+        state = self._budget(b, self._wall())
+        if state.start == start:  # (a reply from another period is of no use here)
+            state.spent = spent
 
     def view(self, budget: Budget) -> tuple[int, int, int, int]:
-        state = self._budget(budget, int(self._wall()))
-        return state[0], state[1], state[2], 0 if state[4] == _NEVER else state[4]
+        state = self._budget(budget, self._wall())
+        reset = 0 if state.end == _NEVER else state.end
+        return state.start, state.spent, max(state.reserved, 0), reset
 
-    async def admit(self, a: Allowance, tokens: int, cost: int) -> Verdict:
-        return self.admit_now(a, tokens, cost)
+    async def admit(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
+        return self.admit_now(a, tokens, cost, rid)
 
     async def settle(self, a: Allowance, spent: Spent) -> None:
         self.settle_now(a, spent)
@@ -404,190 +515,23 @@ class MemoryLimits:
         """Nothing to release."""
 
 
-# What the two scripts share: UTC calendar periods (the integer arithmetic of
-# gateway.spend.period_bounds), and a budget's hash {s: period start, p: spent, r: reserved,
-# u: last touched} read into {start, reset, spent, reserved} for the current period. Amounts are
-# nano-USD integers (Lua numbers are doubles: exact far beyond these magnitudes).
-_PRELUDE: Final = """
-local t = redis.call('TIME')
-local now_s = tonumber(t[1])
-local now = now_s * 1000000 + tonumber(t[2])
-local window = 60000000
-local function from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = math.floor(y / 400)
-  local yoe = y - era * 400
-  local mp = m > 2 and m - 3 or m + 9
-  local doy = math.floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-  return era * 146097 + doe - 719468
-end
-local function bounds(code)
-  if code == 0 then return 0, 0 end
-  local days = math.floor(now_s / 86400)
-  if code == 1 then return days * 86400, (days + 1) * 86400 end
-  if code == 2 then
-    local monday = days - (days + 3) % 7
-    return monday * 86400, (monday + 7) * 86400
-  end
-  local z = days + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-    - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local m = mp < 10 and mp + 3 or mp - 9
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  local start = from_civil(y, m, 1)
-  if m == 12 then y, m = y + 1, 1 else m = m + 1 end
-  return start * 86400, from_civil(y, m, 1) * 86400
-end
-local ttl = tonumber(ARGV[9])
-local function load(key, code)
-  local h = redis.call('HMGET', key, 's', 'p', 'r', 'u')
-  local start, reset = bounds(code)
-  local spent = tonumber(h[2]) or 0
-  local reserved = tonumber(h[3]) or 0
-  if tonumber(h[1]) ~= start then spent = 0 end
-  if now_s - (tonumber(h[4]) or now_s) > ttl then reserved = 0 end
-  return {start, reset, spent, reserved}
-end
--- one bulk reply of integers (an array of them costs the client a parsed line each)
-local function pack(t)
-  local out = {}
-  for i, v in ipairs(t) do out[i] = string.format('%.0f', v) end
-  return table.concat(out, ' ')
-end
-local function save(key, b)
-  redis.call('HSET', key, 's', b[1], 'p', string.format('%.0f', b[3]),
-    'r', string.format('%.0f', math.max(b[4], 0)), 'u', now_s)
-  if b[2] > 0 then redis.call('EXPIREAT', key, b[2] + 86400) end
-end
-"""
-# The admission (check_gcra + budget_refusal, then the reservation), atomically. KEYS: requests
-# tat, tokens tat, key budget, tenant budget. ARGV: rpm, tpm (0 = none), tokens, cost, key limit,
-# key period code (-1 = no budget), tenant limit, tenant period code, reservation ttl (s).
-# Returns, space-separated in one string: allowed, retry_us, remaining_requests (-1 none),
-# remaining_tokens (-1 none), reset_requests_us, reset_tokens_us, refused_by (0 none,
-# 1 requests, 2 tokens, 3 key budget, 4 tenant budget), now_s, key start, spent, reserved,
-# tenant start, spent, reserved (the budgets as they were before this request).
-_ADMIT_LUA: Final = (
-    _PRELUDE
-    + """
-local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tokens, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
-local klim, kcode = tonumber(ARGV[5]), tonumber(ARGV[6])
-local tlim, tcode = tonumber(ARGV[7]), tonumber(ARGV[8])
-local kb, tb = {0, 0, 0, 0}, {0, 0, 0, 0}
-local by, retry = 0, 0
-if kcode >= 0 then
-  kb = load(KEYS[3], kcode)
-  if kb[3] + kb[4] + cost > klim then by = 3 end
-end
-if tcode >= 0 then
-  tb = load(KEYS[4], tcode)
-  if by == 0 and tb[3] + tb[4] + cost > tlim then by = 4 end
-end
-local rem_t, reset_t, t_tat, per_t = -1, 0, now, 0
-if tpm > 0 then
-  per_t = window / tpm
-  t_tat = tonumber(redis.call('GET', KEYS[2]) or now)
-  local used = math.max(t_tat - now, 0)
-  rem_t = math.max(math.floor((window - used) / per_t), 0)
-  if by == 0 and (used >= window or used + tokens * per_t > window + 1) then
-    by = 2
-    retry = math.ceil(used + math.max(tokens, 1) * per_t - window)
-  else
-    reset_t = math.ceil(used)
-  end
-end
-local rem_r, reset_r, r_new = -1, 0, nil
-if rpm > 0 and by == 0 then
-  local per = window / rpm
-  local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-  local new = math.max(tat, now) + per
-  local used = new - now
-  if used > window + 1 then
-    by, retry, rem_r, reset_r = 1, math.ceil(used - window), 0, math.ceil(used - per)
-  else
-    r_new = new
-    rem_r = math.floor((window - used) / per + 0.000001)
-    reset_r = math.ceil(used)
-  end
-end
-if by == 0 then
-  if r_new then
-    redis.call('SET', KEYS[1], string.format('%.0f', r_new), 'PX',
-      math.ceil((r_new - now) / 1000) + 1000)
-  end
-  if tokens > 0 and tpm > 0 then
-    local new = math.max(t_tat, now) + tokens * per_t
-    redis.call('SET', KEYS[2], string.format('%.0f', new), 'PX',
-      math.ceil((new - now) / 1000) + 1000)
-  end
-  if cost > 0 then
-    for i, b in ipairs({{KEYS[3], kb, kcode}, {KEYS[4], tb, tcode}}) do
-      if b[3] >= 0 then
-        b[2][4] = b[2][4] + cost
-        save(b[1], b[2])
-        b[2][4] = b[2][4] - cost
-      end
-    end
-  end
-end
-return pack({by == 0 and 1 or 0, retry, rem_r, rem_t, reset_r, reset_t, by, now_s,
-  kb[1], kb[3], kb[4], tb[1], tb[3], tb[4]})
-"""
-)
-# The end of a request: KEYS as for the admission; ARGV: tpm, tokens used - tokens reserved,
-# key period code (-1 none), key release, key spend, tenant period code, tenant release,
-# tenant spend, reservation ttl. Returns "now_s key_start key_spent tenant_start tenant_spent".
-_SETTLE_LUA: Final = (
-    _PRELUDE
-    + """
-local tpm, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
-if tpm > 0 and delta ~= 0 then
-  local per = window / tpm
-  local cur = redis.call('GET', KEYS[2])
-  local new = nil
-  if delta > 0 then
-    new = math.max(tonumber(cur or now), now) + delta * per
-  elseif cur then
-    new = tonumber(cur) + delta * per
-  end
-  if new and new > now then
-    redis.call('SET', KEYS[2], string.format('%.0f', new), 'PX',
-      math.ceil((new - now) / 1000) + 1000)
-  elseif new then
-    redis.call('DEL', KEYS[2])
-  end
-end
-local out = {now_s, 0, 0, 0, 0}
-for i = 0, 1 do
-  local code = tonumber(ARGV[3 + 3 * i])
-  if code >= 0 then
-    local b = load(KEYS[3 + i], code)
-    b[4] = b[4] - tonumber(ARGV[4 + 3 * i])
-    b[3] = b[3] + tonumber(ARGV[5 + 3 * i])
-    save(KEYS[3 + i], b)
-    out[2 + 2 * i], out[3 + 2 * i] = b[1], b[3]
-  end
-end
-return pack(out)
-"""
-)
-
-
-class LimitsUnavailable(Exception):
+class LimitsUnavailable(RedisUnavailable):
     """Redis could not answer within the bound (or the breaker is open)."""
+
+
+#: what the fallback ledger keeps per settlement Redis has not confirmed
+_Owed = tuple[Allowance, tuple[bytes, ...], tuple[bytes, ...], int]
 
 
 class RedisLimits:
     """The buckets and budgets in Redis (standalone or Cluster: every key a script touches
     shares one hash tag), with the per-process :class:`MemoryLimits` standing in while Redis
-    is unreachable."""
+    is unreachable.
+
+    Settlements Redis did not confirm wait in a ledger (request id -> the script's arguments)
+    and are replayed, in order, as soon as Redis answers again; the scripts apply each request
+    at most once, so a settlement that timed out but ran is not applied twice. A live request's
+    reservation is renewed every third of its lease, so only a dead replica's expire."""
 
     def __init__(
         self,
@@ -596,57 +540,97 @@ class RedisLimits:
         password: str | None = None,
         cluster: bool = False,
         breaker: CircuitBreaker | None = None,
+        reserve_ttl_s: int = RESERVE_TTL_S,
     ) -> None:
-        self._timeout = timeout_ms / 1000.0
-        self._client = connect(url, self._timeout, password=password, cluster=cluster)
+        self._client = connect(url, timeout_ms / 1000.0, password=password, cluster=cluster)
         # EVALSHA: the scripts' text goes to Redis once (again after a restart), not per call
-        self._admit = self._client.register_script(_ADMIT_LUA)
-        self._settle = self._client.register_script(_SETTLE_LUA)
-        self._breaker = breaker or CircuitBreaker(_BREAKER_FAILURES, _BREAKER_RESET_S)
-        self.local = MemoryLimits()
-        #: budget id -> [reservation to release, spending to add] Redis has not been told yet
-        self._owed: dict[str, list[int]] = {}
+        self._admit = self._client.register_script(ADMIT_LUA)
+        self._settle = self._client.register_script(SETTLE_LUA)
+        self._renew = self._client.register_script(RENEW_LUA)
+        self._report = self._client.register_script(REPORT_LUA)
+        self._guard = RedisGuard(
+            breaker or CircuitBreaker(_BREAKER_FAILURES, _BREAKER_RESET_S),
+            timeout_ms / 1000.0,
+            LimitsUnavailable,
+            self._down,
+            self._up,
+        )
+        self._ttl = b"%d" % reserve_ttl_s
+        self.reserve_ttl_s = reserve_ttl_s
+        self.local = MemoryLimits(reserve_ttl_s=float("inf"))
+        #: request id -> settlement Redis has not confirmed (replayed when it answers)
+        self._ledger: dict[str, _Owed] = {}
+        #: budget id -> the spending in the ledger (what Redis has not heard of)
+        self._owed: dict[str, int] = {}
+        #: request id -> (allowance, members) of reservations held in Redis (their leases)
+        self._live: dict[str, tuple[Allowance, tuple[bytes, ...]]] = {}
+        self._renewing: asyncio.Task[None] | None = None
+        self._flushing: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._replaying = asyncio.Lock()
         #: True while limits are counted per process because Redis is unreachable
         self.fallback = False
 
-    async def _call(self, op: Callable[[], Awaitable[Any]]) -> Any:
-        breaker = self._breaker
-        if not breaker.allow():
-            raise LimitsUnavailable("circuit breaker open")
-        try:
-            async with asyncio.timeout(self._timeout):
-                reply = await op()
-        except Exception as exc:
-            breaker.failure()
-            self._enter_fallback(exc)
-            raise LimitsUnavailable(str(exc)) from exc
-        except BaseException:
-            breaker.release()
-            raise
-        breaker.success()
-        if self.fallback:
-            self.fallback = False
-            log.warning("rate limits: Redis is back; limits are shared by the replicas again")
-        return reply
+    def _down(self, exc: Exception) -> None:
+        self.fallback = True
+        log.warning(
+            "rate limits: Redis unreachable (%s); counting limits per process until it is back",
+            type(exc).__name__,
+        )
 
-    def _enter_fallback(self, exc: Exception) -> None:
-        if not self.fallback:
-            self.fallback = True
-            log.warning(
-                "rate limits: Redis unreachable (%s); counting limits per process until it is back",
-                type(exc).__name__,
-            )
+    def _up(self) -> None:
+        self.fallback = False
+        log.warning("rate limits: Redis is back; limits are shared by the replicas again")
+        self._replay_soon()
 
-    async def admit(self, a: Allowance, tokens: int, cost: int) -> Verdict:
-        args = (*a.head, b"%d" % tokens, b"%d" % cost, *a.tail)
+    def _replay_soon(self) -> None:
+        if self._ledger:
+            task = asyncio.get_running_loop().create_task(self._flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _keys(self, a: Allowance, rid: str) -> tuple[bytes, ...]:
+        return (*a.script_keys, (a.record_prefix + rid).encode())
+
+    async def admit(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
+        metered = bool(rid) and bool(tokens or cost)
+        args = (self._ttl, *a.head, b"%d" % tokens, b"%d" % cost, *a.tail, rid.encode(), _REC)
         try:
-            reply = await self._call(lambda: self._admit(a.script_keys, args))
-        except LimitsUnavailable:
-            return self.local.admit_now(a, tokens, cost)
-        verdict = self._verdict(a, cost, [int(x) for x in reply.split()])
-        if verdict.allowed:
-            self.local.hold(a, cost)
+            reply = await self._guard.call(lambda: self._admit(self._keys(a, rid), args))
+        except LimitsUnavailable as exc:
+            verdict = self.local.admit_now(a, tokens, cost, rid)
+            if metered and exc.maybe_ran and not verdict.allowed:
+                # the script may have reserved for a request refused here: release it there
+                self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
+            return verdict
+        r = [int(x) for x in reply.split()]
+        verdict = self._verdict(a, cost, r)
+        if verdict.allowed and metered:
+            self.local.hold(a, rid, cost)
+            if cost and not r[14]:
+                self._lease(a, rid, cost, r)
         return verdict
+
+    def _lease(self, a: Allowance, rid: str, cost: int, r: list[int]) -> None:
+        members = []
+        for b, start in ((a.key_budget, r[8]), (a.tenant_budget, r[11])):
+            if b is not None:
+                members.append(member(rid, cost, start).encode())
+        self._live[rid] = (a, tuple(members))
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        """Every third of the lease, renew the reservations of the requests still running."""
+        while self._live:
+            await asyncio.sleep(self.reserve_ttl_s / 3)
+            for rid, (a, members) in list(self._live.items()):
+                if rid not in self._live:
+                    continue
+                try:
+                    await self._guard.call(partial(self._renew, a.leases, (self._ttl, *members)))
+                except LimitsUnavailable:
+                    break  # Redis away: the next round tries again
 
     def _verdict(self, a: Allowance, cost: int, r: list[int]) -> Verdict:
         allowed, retry_us, rem_r, rem_t, reset_r, reset_t, by, now_s = r[:8]
@@ -654,7 +638,7 @@ class RedisLimits:
         for b, (start, spent, reserved) in ((a.key_budget, r[8:11]), (a.tenant_budget, r[11:14])):
             if b is None:
                 continue
-            self.local.observe(b, start, spent + self._owed.get(b.id, (0, 0))[1])
+            self.local.observe(b, start, spent + self._owed.get(b.id, 0))
             if by in (3, 4) and b is (a.key_budget if by == 3 else a.tenant_budget):
                 _, reset = period_bounds(b.code, now_s)
                 refused = budget_refusal(b, spent, reserved, cost, reset, now_s)
@@ -675,37 +659,71 @@ class RedisLimits:
             shared=True,
         )
 
-    def _take_owed(self, b: Budget | None, release: int, spend: int) -> tuple[int, int, int]:
-        if b is None:
-            return -1, 0, 0
-        owed = self._owed.pop(b.id, None)
-        if owed is not None:
-            release, spend = release + owed[0], spend + owed[1]
-        return b.code, release, spend
+    def _settle_args(self, a: Allowance, rid: str, spent: Spent) -> tuple[bytes, ...]:
+        codes = tuple(b"%d" % b.code if b else b"-1" for b in (a.key_budget, a.tenant_budget))
+        return (self._ttl, a.head[1], b"%d" % spent.tokens, b"%d" % spent.cost, *codes,
+                rid.encode(), _REC)  # fmt: skip
+
+    def _owe(self, a: Allowance, rid: str, spent: Spent) -> None:
+        """Keep a settlement Redis did not confirm, to replay (at most once) when it answers."""
+        self._ledger[rid] = (a, self._keys(a, rid), self._settle_args(a, rid, spent), spent.cost)
+        for b in a.budgets:
+            self._owed[b.id] = self._owed.get(b.id, 0) + spent.cost
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._retry())
+
+    async def _retry(self) -> None:
+        """While the ledger holds anything, try to replay it every :data:`_RETRY_S` (the
+        breaker decides whether a try reaches Redis): it never waits for more traffic."""
+        while self._ledger:
+            await asyncio.sleep(_RETRY_S)
+            await self._flush()
 
     async def settle(self, a: Allowance, spent: Spent) -> None:
-        release = spent.reserved_cost if spent.shared else 0
-        # here first (its reservation is held here either way; its tokens were not, when
-        # Redis reserved them), so a fallback starts from it; Redis then says what it has
-        here = Spent(0, spent.tokens, spent.reserved_cost, spent.cost) if spent.shared else spent
-        self.local.settle_now(a, here)
-        k = self._take_owed(a.key_budget, release, spent.cost)
-        t = self._take_owed(a.tenant_budget, release, spent.cost)
-        delta = spent.tokens - (spent.reserved_tokens if spent.shared else 0)
-        args = (a.head[1], delta, *k, *t, RESERVE_TTL_S)
+        rid = spent.rid or new_rid()
+        self._live.pop(rid, None)
+        self.local.settle_now(a, spent)
+        if rid in self._ledger:
+            return  # owed already: the replay carries it
+        args = self._settle_args(a, rid, spent)
+        keys = self._keys(a, rid)
         try:
-            reply = await self._call(lambda: self._settle(a.script_keys, args))
+            reply = await self._guard.call(lambda: self._settle(keys, args))
         except LimitsUnavailable:
-            for b, (_, rel, spend) in ((a.key_budget, k), (a.tenant_budget, t)):
-                if b is not None:  # told to Redis with the next request's end that gets there
-                    owed = self._owed.setdefault(b.id, [0, 0])
-                    owed[0] += rel
-                    owed[1] += spend
+            self._owe(a, rid, spent)
             return
+        self._observe(a, reply)
+        if self._ledger:  # Redis answers again: what it missed, now (off the request path)
+            await self._flush()
+
+    def _observe(self, a: Allowance, reply: bytes) -> None:
         r = [int(x) for x in reply.split()]
         for b, start, total in ((a.key_budget, r[1], r[2]), (a.tenant_budget, r[3], r[4])):
             if b is not None:
-                self.local.observe(b, start, total + self._owed.get(b.id, (0, 0))[1])
+                self.local.observe(b, start, total + self._owed.get(b.id, 0))
+
+    async def _flush(self) -> None:
+        """Replay the ledger, oldest first, while Redis answers (each at most once there; one
+        replay at a time)."""
+        async with self._replaying:
+            await self._replay()
+
+    async def _replay(self) -> None:
+        while self._ledger:
+            rid, (a, keys, args, cost) = next(iter(self._ledger.items()))
+            try:
+                reply = await self._guard.call(partial(self._settle, keys, args))
+            except LimitsUnavailable:
+                return  # the next settlement that gets through starts the replay again
+            del self._ledger[rid]
+            for b in a.budgets:
+                self._owed[b.id] -= cost
+            self._observe(a, reply)
+
+    @property
+    def owed(self) -> int:
+        """Settlements waiting in the ledger for Redis."""
+        return len(self._ledger)
 
     def view(self, budget: Budget) -> tuple[int, int, int, int]:
         return self.local.view(budget)
@@ -713,27 +731,40 @@ class RedisLimits:
     async def report(self, budgets: list[Budget]) -> tuple[list[tuple[int, int, int, int]], bool]:
         """Each budget as Redis has it (this process's view when Redis cannot answer)."""
         try:
-            rows = await self._call(
+            replies = await self._guard.call(
                 lambda: asyncio.gather(
-                    *(self._client.hmget(b.id, ["s", "p", "r", "u"]) for b in budgets)
+                    *(
+                        self._report(
+                            (b.id.encode(), (b.id + LEASES).encode()), (self._ttl, b"%d" % b.code)
+                        )
+                        for b in budgets
+                    )
                 )
             )
         except LimitsUnavailable:
             return await self.local.report(budgets)
         now_s = int(time.time())
         out = []
-        for b, (s, p, r, u) in zip(budgets, rows, strict=True):
-            start, reset = period_bounds(b.code, now_s)
-            spent = int(p or 0) if s is not None and int(s) == start else 0
-            live = u is not None and now_s - int(u) <= RESERVE_TTL_S
-            out.append((start, spent, int(r or 0) if live else 0, reset))
+        for b, reply in zip(budgets, replies, strict=True):
+            start, spent, reserved = (int(x) for x in reply.split())
+            reset = period_bounds(b.code, now_s)[1]
+            out.append((start, spent + self._owed.get(b.id, 0), reserved, reset))
         return out, True
 
     async def aclose(self) -> None:
-        try:
-            await self._client.aclose()
-        except Exception as exc:  # a paused Redis must not hold shutdown up
-            log.warning("closing the rate limit client failed: %r", exc)
+        for task in (self._renewing, self._flushing):
+            if task is not None:
+                task.cancel()
+        if self._ledger:  # a last chance for what Redis missed (bounded: shutdown goes on)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._flush()
+            if self._ledger:
+                log.error(
+                    "rate limits: %d settlements Redis never confirmed are lost at shutdown",
+                    len(self._ledger),
+                )
+        await close_quietly(self._client, log, "rate limit")
 
 
 def reset_text(seconds: float) -> str:
@@ -764,6 +795,7 @@ __all__ = [
     "budget_refusal",
     "check_gcra",
     "debit_gcra",
+    "new_rid",
     "reset_text",
     "spend_key",
 ]

@@ -15,8 +15,6 @@ from hypothesis import strategies as st
 
 from gateway.cache.breaker import CircuitBreaker
 from gateway.hops.limits import (
-    _ADMIT_LUA,
-    RESERVE_TTL_S,
     WINDOW_S,
     Allowance,
     Budget,
@@ -27,6 +25,7 @@ from gateway.hops.limits import (
     debit_gcra,
     spend_key,
 )
+from gateway.hops.reservations import ADMIT_LUA, RESERVE_TTL_S
 from gateway.spend import PERIOD_CODES, period_bounds
 from tests.redis_support import RedisServer
 
@@ -79,15 +78,15 @@ def test_tokens_are_reserved_then_replaced_by_the_usage():
     clock = Clock()
     limits = MemoryLimits(clock)
     a = allowance(tpm=100)
-    first = limits.admit_now(a, 70, 0)  # reserves 70 of 100
+    first = limits.admit_now(a, 70, 0, "r1")  # reserves 70 of 100
     assert first.allowed and first.remaining_tokens == 100
     v = limits.admit_now(a, 40, 0)  # 70 + 40 > 100: another one cannot overdraw meanwhile
     assert not v.allowed and v.refused_by == "tokens" and v.remaining_tokens == 30
     assert v.retry_after_s == pytest.approx(6.0)  # 10 tokens at 0.6 s
-    limits.settle_now(a, Spent(70, 20, 0, 0))  # it used 20: 50 come back
-    v = limits.admit_now(a, 40, 0)
+    limits.settle_now(a, Spent(70, 20, 0, 0, rid="r1"))  # it used 20: 50 come back
+    v = limits.admit_now(a, 40, 0, "r2")
     assert v.allowed and v.remaining_tokens == 80
-    limits.settle_now(a, Spent(40, 120, 0, 0))  # the estimate was short: 80 more
+    limits.settle_now(a, Spent(40, 120, 0, 0, rid="r2"))  # the estimate was short: 80 more
     v = limits.admit_now(a, 0, 0)  # 140 of 100 spent: refused until the window frees up
     assert not v.allowed and v.remaining_tokens == 0
     assert v.retry_after_s == pytest.approx(24.6)  # 40 tokens at 0.6 s each, plus one
@@ -155,16 +154,17 @@ def test_budget_reservations_keep_concurrent_requests_inside_the_budget():
     wall = Clock(datetime(2025, 5, 20, tzinfo=UTC).timestamp())
     limits = MemoryLimits(wall=wall)
     a = allowance(key_usd=1.0)
-    admitted = [limits.admit_now(a, 0, 3 * USD // 10) for _ in range(5)]  # $0.30 each
+    admitted = [limits.admit_now(a, 0, 3 * USD // 10, f"r{i}") for i in range(5)]  # $0.30 each
     assert [v.allowed for v in admitted] == [True, True, True, False, False]
     assert [v.budget_left for v in admitted[:3]] == [USD, 7 * USD // 10, 4 * USD // 10]
     held = admitted[3]
     # it fits the budget alone: only the requests in flight keep it out, so it retries soon
     assert held.refused_by == "budget" and held.retry_after_s == 1.0 and held.spent == 0
-    for _ in range(3):
-        limits.settle_now(a, Spent(0, 0, 3 * USD // 10, USD // 10))  # each cost $0.10
+    for i in range(3):
+        limits.settle_now(a, Spent(0, 0, 3 * USD // 10, USD // 10, rid=f"r{i}"))  # $0.10 each
     assert limits.view(a.key_budget)[1:3] == (3 * USD // 10, 0)
-    assert [limits.admit_now(a, 0, 3 * USD // 10).allowed for _ in range(3)] == [True] * 2 + [False]
+    again = [limits.admit_now(a, 0, 3 * USD // 10, f"s{i}").allowed for i in range(3)]
+    assert again == [True] * 2 + [False]
 
 
 def test_a_request_that_cannot_fit_waits_for_the_period_reset_and_the_tenant_counts_too():
@@ -173,8 +173,8 @@ def test_a_request_that_cannot_fit_waits_for_the_period_reset_and_the_tenant_cou
     limits = MemoryLimits(wall=wall)
     one = allowance(key_usd=5.0, tenant_usd=1.0, name="one")
     two = allowance(tenant_usd=1.0, name="two")  # another key of the same tenant
-    assert limits.admit_now(one, 0, 9 * USD // 10).allowed
-    limits.settle_now(one, Spent(0, 0, 9 * USD // 10, 9 * USD // 10))
+    assert limits.admit_now(one, 0, 9 * USD // 10, "r1").allowed
+    limits.settle_now(one, Spent(0, 0, 9 * USD // 10, 9 * USD // 10, rid="r1"))
     v = limits.admit_now(two, 0, 2 * USD // 10)  # the tenant's $1 is nearly gone
     assert v.refused_by == "budget" and v.budget is two.tenant_budget
     assert v.spent == 9 * USD // 10 and v.budget_left == USD // 10
@@ -197,7 +197,7 @@ def test_a_reservation_nobody_settles_is_dropped_after_its_ttl():
     wall = Clock(1.7e9)
     limits = MemoryLimits(wall=wall)
     a = allowance(key_usd=1.0)
-    assert limits.admit_now(a, 0, USD).allowed  # its replica died: never settled
+    assert limits.admit_now(a, 0, USD, "r1").allowed  # its replica died: never settled
     assert not limits.admit_now(a, 0, 1).allowed
     wall.t += RESERVE_TTL_S + 1
     assert limits.admit_now(a, 0, 1).allowed
@@ -253,9 +253,9 @@ def test_the_redis_script_agrees_with_the_arithmetic(redis):
         limits = RedisLimits(redis.url, 500)
         out = []
         try:
-            for tokens, cost in steps:
-                out.append(_row(await limits.admit(a, tokens, cost)))
-            await limits.settle(a, Spent(10, 80, quarter, USD // 10, shared=True))
+            for i, (tokens, cost) in enumerate(steps):
+                out.append(_row(await limits.admit(a, tokens, cost, f"q{i}")))
+            await limits.settle(a, Spent(10, 80, quarter, USD // 10, shared=True, rid="q0"))
             v = await limits.admit(a, 0, 0)
             out.append(_row(v))
             # 30 reserved + 70 more = 100 tokens at 1.2 s each = 120 s: 60 s over, plus one
@@ -267,8 +267,10 @@ def test_the_redis_script_agrees_with_the_arithmetic(redis):
 
     got = run(scenario())
     memory = MemoryLimits(Clock())
-    want = [_row(memory.admit_now(a, tokens, cost)) for tokens, cost in steps]
-    memory.settle_now(a, Spent(10, 80, quarter, USD // 10))
+    want = [
+        _row(memory.admit_now(a, tokens, cost, f"q{i}")) for i, (tokens, cost) in enumerate(steps)
+    ]
+    memory.settle_now(a, Spent(10, 80, quarter, USD // 10, rid="q0"))
     want.append(_row(memory.admit_now(a, 0, 0)))
     assert got == want
     assert got == [
@@ -306,7 +308,7 @@ def test_every_key_a_script_touches_shares_the_tenants_hash_tag():
     a = allowance(rpm=1, tpm=1, key_usd=1.0, tenant_usd=1.0)
     tags = {k[k.index("{") : k.index("}") + 1] for k in (a.r_key, a.t_key, a.kb_key, a.tb_key)}
     assert tags == {"{t}"}
-    assert _ADMIT_LUA.count("KEYS[") >= 4
+    assert ADMIT_LUA.count("KEYS[") >= 4
 
 
 def test_a_dead_redis_falls_back_to_counting_here_without_waiting(redis):
@@ -342,19 +344,19 @@ def test_spending_while_redis_is_away_starts_from_what_redis_said_and_is_told_af
         breaker = CircuitBreaker(failures=1, reset_s=0.2)
         limits = RedisLimits(redis.url, 200, breaker=breaker)
         try:
-            v = await limits.admit(a, 0, 6 * USD // 10)
-            await limits.settle(a, Spent(0, 0, 6 * USD // 10, 6 * USD // 10, v.shared))
+            v = await limits.admit(a, 0, 6 * USD // 10, "r1")
+            await limits.settle(a, Spent(0, 0, 6 * USD // 10, 6 * USD // 10, v.shared, "r1"))
             breaker.failure()  # open: the limiter no longer asks Redis
-            v = await limits.admit(a, 0, 3 * USD // 10)  # counted here, from the $0.60 seen
+            v = await limits.admit(a, 0, 3 * USD // 10, "r2")  # counted here, from the $0.60 seen
             assert v.allowed and not v.shared and v.budget_left == 4 * USD // 10
-            assert not (await limits.admit(a, 0, 3 * USD // 10)).allowed  # 0.6 + 0.3 + 0.3
-            await limits.settle(a, Spent(0, 0, 3 * USD // 10, 2 * USD // 10, v.shared))
+            assert not (await limits.admit(a, 0, 3 * USD // 10, "r3")).allowed  # 0.6 + 0.3 + 0.3
+            await limits.settle(a, Spent(0, 0, 3 * USD // 10, 2 * USD // 10, v.shared, "r2"))
             assert limits.view(a.key_budget)[1:3] == (8 * USD // 10, 0)
             await asyncio.sleep(0.3)  # the breaker lets a probe through again
-            v = await limits.admit(a, 0, USD // 10)
+            v = await limits.admit(a, 0, USD // 10, "r4")
             assert v.shared and v.budget_left == 4 * USD // 10  # Redis has not heard yet
-            # the next request's end carries what was spent meanwhile
-            await limits.settle(a, Spent(0, 0, USD // 10, 0, v.shared))
+            # the next request's end that gets through replays what was spent meanwhile
+            await limits.settle(a, Spent(0, 0, USD // 10, 0, v.shared, "r4"))
             assert limits.view(a.key_budget)[1:3] == (8 * USD // 10, 0)
         finally:
             await limits.aclose()
@@ -371,9 +373,9 @@ def test_the_report_reads_redis_and_falls_back_to_this_process(redis):
     async def scenario() -> None:
         limits = RedisLimits(redis.url, 200, breaker=CircuitBreaker(1, 60))
         try:
-            v = await limits.admit(a, 0, USD)
-            await limits.settle(a, Spent(0, 0, USD, USD // 2, v.shared))
-            await limits.admit(a, 0, USD // 4)  # in flight
+            v = await limits.admit(a, 0, USD, "r1")
+            await limits.settle(a, Spent(0, 0, USD, USD // 2, v.shared, "r1"))
+            await limits.admit(a, 0, USD // 4, "r2")  # in flight
             rows, shared = await limits.report([a.key_budget, a.tenant_budget])
             assert shared
             assert [r[1:3] for r in rows] == [(USD // 2, USD // 4)] * 2
@@ -393,13 +395,13 @@ def test_a_fallback_counts_the_reservations_redis_made_for_requests_still_in_fli
         breaker = CircuitBreaker(failures=1, reset_s=60)
         limits = RedisLimits(redis.url, 200, breaker=breaker)
         try:
-            held = await limits.admit(a, 0, 7 * USD // 10)  # in flight, reserved in Redis
+            held = await limits.admit(a, 0, 7 * USD // 10, "r1")  # in flight, reserved in Redis
             assert held.allowed and held.shared
             breaker.failure()  # Redis away
-            v = await limits.admit(a, 0, 4 * USD // 10)  # 0.7 in flight + 0.4 > 1
+            v = await limits.admit(a, 0, 4 * USD // 10, "r2")  # 0.7 in flight + 0.4 > 1
             assert not v.allowed and not v.shared and v.retry_after_s == 1.0
-            await limits.settle(a, Spent(0, 0, 7 * USD // 10, USD // 10, held.shared))
-            assert (await limits.admit(a, 0, 4 * USD // 10)).allowed  # 0.1 spent + 0.4
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, USD // 10, held.shared, "r1"))
+            assert (await limits.admit(a, 0, 4 * USD // 10, "r3")).allowed  # 0.1 spent + 0.4
         finally:
             await limits.aclose()
 
