@@ -354,8 +354,11 @@ class MemoryLimits:
         self,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        reserve_ttl_s: float = RESERVE_TTL_S,
+        reserve_ttl_s: float = math.inf,
     ) -> None:
+        # In one process every reservation's owner is alive for as long as the store is: its
+        # lease never runs out (a finite ``reserve_ttl_s`` is the shared store's rule, which
+        # the tests apply to this store too).
         self._clock = clock
         self._wall = wall
         self.reserve_ttl_s = reserve_ttl_s
@@ -557,7 +560,7 @@ class RedisLimits:
         )
         self._ttl = b"%d" % reserve_ttl_s
         self.reserve_ttl_s = reserve_ttl_s
-        self.local = MemoryLimits(reserve_ttl_s=float("inf"))
+        self.local = MemoryLimits()
         #: request id -> settlement Redis has not confirmed (replayed when it answers)
         self._ledger: dict[str, _Owed] = {}
         #: budget id -> the spending in the ledger (what Redis has not heard of)

@@ -193,14 +193,28 @@ def test_a_total_budget_never_resets():
     assert limits.admit_now(a, 0, 0).allowed  # a request that costs nothing (a cache hit)
 
 
-def test_a_reservation_nobody_settles_is_dropped_after_its_ttl():
+def test_a_reservation_whose_lease_nobody_renews_is_dropped_after_its_ttl():
     wall = Clock(1.7e9)
-    limits = MemoryLimits(wall=wall)
+    limits = MemoryLimits(wall=wall, reserve_ttl_s=RESERVE_TTL_S)
     a = allowance(key_usd=1.0)
     assert limits.admit_now(a, 0, USD, "r1").allowed  # its replica died: never settled
     assert not limits.admit_now(a, 0, 1).allowed
-    wall.t += RESERVE_TTL_S + 1
+    wall.t += RESERVE_TTL_S - 1
+    limits.renew("r1")  # its replica is alive: the lease goes on
+    wall.t += 2
+    assert not limits.admit_now(a, 0, 1).allowed
+    wall.t += RESERVE_TTL_S  # no renewal any more: its replica died
     assert limits.admit_now(a, 0, 1).allowed
+    assert limits.view(a.key_budget)[1:3] == (0, 1)  # only the last one holds its nano-dollar
+
+
+def test_in_one_process_a_reservation_lasts_as_long_as_its_request():
+    wall = Clock(1.7e9)
+    limits = MemoryLimits(wall=wall)
+    a = allowance(key_usd=1.0)
+    assert limits.admit_now(a, 0, USD, "r1").allowed
+    wall.t += 10 * RESERVE_TTL_S  # a very long stream
+    assert not limits.admit_now(a, 0, 1).allowed
 
 
 @settings(max_examples=300, deadline=None)
