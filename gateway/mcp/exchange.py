@@ -136,7 +136,7 @@ def client_headers(resp: UpstreamResponse, session_id: str | None) -> RawHeaders
 class Relay:
     """Relays one upstream answer to the client, noting its outcome on ``ctx.mcp``."""
 
-    __slots__ = ("attempt", "ctx", "out", "rid", "transform", "up")
+    __slots__ = ("answered", "attempt", "ctx", "out", "rid", "transform", "up")
 
     def __init__(
         self,
@@ -150,6 +150,8 @@ class Relay:
         self.ctx, self.up, self.attempt, self.out = ctx, up, attempt, out
         self.rid = rid
         self.transform = transform
+        #: the answer to the request went out
+        self.answered = False
 
     def _note(self, msg: dict[str, Any]) -> None:
         facts = self.ctx.mcp
@@ -186,6 +188,10 @@ class Relay:
             async for chunk in resp.aiter_raw():
                 for event in parser.feed(chunk):
                     await out.body(self._event(event), more=True)
+                    if self.answered:  # the request is answered: its stream is over (the
+                        break  # server closes it too), the client need not wait for that
+                if self.answered:
+                    break
                 if len(parser.pending) > cap:
                     raise UpstreamError(
                         f"an event of the MCP server {self.up.name!r} passed {cap} bytes",
@@ -208,6 +214,7 @@ class Relay:
             return event
         if self.ctx.timeline.first_content is None:
             self.ctx.timeline.first_content = time.perf_counter()
+        self.answered = True
         self._note(msg)
         if self.transform is None:
             return event

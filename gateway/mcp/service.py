@@ -91,10 +91,10 @@ class McpGateway:
                     facts["status"] = "timeout"
                 raise
             except ClientGone:
-                facts["status"] = "cancelled"
+                facts.setdefault("status", "cancelled")
                 raise
             finally:
-                if ctx.disconnected:
+                if ctx.disconnected and not facts.get("status"):
                     facts["status"] = "cancelled"
                 if not facts.get("status"):
                     facts["status"] = "ok"

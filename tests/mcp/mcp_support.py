@@ -170,3 +170,21 @@ async def mcp_client(
         Client(streamable_http_client(url, http_client=http), mode=mode, **kwargs) as client,  # type: ignore[arg-type]
     ):
         yield client
+
+
+class Alternating(httpx2.AsyncBaseTransport):
+    """Sends each request to the next of several gateway replicas (their ports, in turn)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.sent: list[int] = []
+        self._inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        port = self.ports[len(self.sent) % len(self.ports)]
+        self.sent.append(port)
+        request.url = request.url.copy_with(port=port)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
