@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import httpx2
 import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
@@ -132,3 +133,19 @@ def test_a_call_past_the_timeout_ends_with_a_jsonrpc_error(gateway, mcp_upstream
     url = gw.url
     labels = {"server": "up", "method": "tools/call", "tool": "slow"}
     assert sample(url, "gateway_mcp_requests_total", **labels, status="timeout") == 1
+
+
+def test_the_live_view_lists_tool_calls_beside_model_calls(gateway, mcp_upstream):
+    gw = gateway(mcp_config(mcp_upstream.mcp_url, extra="[ui]\nenabled = true\n"))
+    import openai
+
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    client.close()
+    assert asyncio.run(_echo(gw.url + "/mcp/up")) == "traced"
+    records = httpx2.get(gw.url + "/_gateway/api/requests", timeout=5).json()["requests"]
+    (call,) = [r for r in records if (r.get("mcp") or {}).get("method") == "tools/call"]
+    assert call["mcp"]["tool"] == "echo" and call["mcp"]["server"] == "up"
+    assert call["mcp"]["status"] == "ok" and len(call["mcp"]["session"]) == 32
+    assert call["backend"] == "up" and call["path"] == "/mcp/up"
+    assert any(r["path"] == "/v1/chat/completions" and "mcp" not in r for r in records)
