@@ -60,6 +60,9 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
     headers = up.headers(call.headers) + hub.trace_headers(call, span_id)
     if session is not None and session.upstream.get(up.name, [""])[0]:
         headers.append(("mcp-session-id", session.upstream[up.name][0]))
+    if facts.get("tool") is not None and any(k == "mcp-name" for k, _ in headers):
+        # the routing header says what the body says: the tool that was checked (2026-07-28)
+        headers = [(k, v) for k, v in headers if k != "mcp-name"] + [("mcp-name", facts["tool"])]
     attempt = start_attempt(ctx, up, span_id, facts["method"])
     body = hub.inject(call, msg, span_id)
     relay = Relay(ctx, up, attempt, call.out, rid, transform)

@@ -143,3 +143,89 @@ def test_bad_bodies_get_clear_errors(gateway, mcp_upstream):
         r = http.put(url, content=b"{}")
         assert r.status_code == 405 and r.headers["allow"] == "GET, POST, DELETE"
     assert mcp_upstream.seen == []
+
+
+def test_the_embedded_default_serves_the_builtin_server(gateway):
+    from gateway.config import load_config
+
+    gw = gateway(load_config(env={}))
+    progress: list[float] = []
+
+    async def scenario() -> tuple[list[str], str, str]:
+        async with mcp_client(gw.url + "/mcp", mode="auto") as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+
+            async def on_progress(p: float, total: float | None, message: str | None) -> None:
+                progress.append(p)
+
+            echoed = await client.call_tool(
+                "builtin__echo", {"text": "hello"}, progress_callback=on_progress
+            )
+            now = await client.call_tool("builtin__time", {})
+            return names, echoed.content[0].text, now.content[0].text  # type: ignore[union-attr]
+
+    names, echoed, now = run(scenario())
+    assert names == ["builtin__echo", "builtin__time"]
+    assert echoed == "hello" and now.startswith("20") and progress == [1.0]
+
+
+def test_a_keys_tool_globs_narrow_the_list_and_the_calls(gateway, mcp_upstream):
+    extra = keys_section(tools='["up__add", "builtin__*"]')
+    gw = gateway(mcp_config(mcp_upstream.mcp_url, extra=extra))
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        async with mcp_client(gw.url + "/mcp/up", KEY) as client:
+            one = [t.name for t in (await client.list_tools()).tools]
+            with pytest.raises(MCPError) as info:
+                await client.call_tool("echo", {"text": "no"})
+        async with mcp_client(gw.url + "/mcp", KEY) as client:
+            merged = [t.name for t in (await client.list_tools()).tools]
+        return one, merged, info.value.error.code
+
+    one, merged, code = run(scenario())
+    assert one == ["add"] and code == -32602
+    assert sorted(merged) == ["builtin__echo", "builtin__time", "up__add"]
+    assert mcp_upstream.calls("tools/call") == []
+
+
+def test_a_dead_server_is_a_502_and_left_out_of_the_merged_list(gateway):
+    from tests.support import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/mcp"
+    gw = gateway(mcp_config(dead))
+    init = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}},
+    }  # fmt: skip
+    with httpx2.Client(timeout=10) as http:
+        r = http.post(gw.url + "/mcp/up", json=init)
+        assert r.status_code == 502 and r.json()["error"]["type"] == "upstream_error"
+
+    async def scenario() -> list[str]:
+        async with mcp_client(gw.url + "/mcp") as client:
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert run(scenario()) == ["builtin__echo", "builtin__time"]
+
+
+def test_the_routing_header_names_the_tool_that_was_checked(gateway, mcp_upstream):
+    gw = gateway(mcp_config(mcp_upstream.mcp_url))
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+    }
+    with httpx2.Client(timeout=10) as http:
+        for tool, named in (("secret", "secret"), ("add", "secret")):
+            params = {"name": tool, "arguments": {"a": 1, "b": 2}, "_meta": meta}
+            body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+            r = http.post(gw.url + "/mcp/up", json=body, headers={**headers, "mcp-name": named})
+            assert r.status_code == 200
+    (call,) = mcp_upstream.calls("tools/call")  # "secret" never went
+    assert call.json()["params"]["name"] == "add" and call.headers["mcp-name"] == "add"
