@@ -143,34 +143,41 @@ async def _ask(
 
 
 async def _open(hub: Hub, call: Call, session: Session, up: McpUpstream) -> list[str]:
-    """The session's upstream session on ``up``, opened (initialize) when it has none."""
+    """The session's upstream session on ``up``, opened (initialize) when it has none — once:
+    concurrent requests of one session (its GET stream and its first tools/list) wait for the
+    first one's handshake and use its session, which is stored before the lock is let go."""
     have = session.upstream.get(up.name)
     if have is not None:
         return have
-    init = {
-        "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {
-            "protocolVersion": UPSTREAM_VERSION, "capabilities": {},
-            "clientInfo": {"name": "llm-gateway", "version": __version__},
-        },
-    }  # fmt: skip
-    result, headers = await _ask(hub, call, up, _headers(up, "", ""), init)
-    sid = (header_value(headers, b"mcp-session-id") or b"").decode("latin-1")
-    version = str(result.get("protocolVersion") or UPSTREAM_VERSION)
-    done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-    await _ask(hub, call, up, _headers(up, sid, version), done)
-    session.upstream[up.name] = [sid, version]
-    return session.upstream[up.name]
+    async with hub.opening(session.id, up.name):
+        stored = await hub.sessions.get(session.id)
+        if stored is not None:  # what other requests (or replicas) opened meanwhile
+            session.upstream = {**stored.upstream, **session.upstream}
+        have = session.upstream.get(up.name)
+        if have is not None:
+            return have
+        init = {
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": UPSTREAM_VERSION, "capabilities": {},
+                "clientInfo": {"name": "llm-gateway", "version": __version__},
+            },
+        }  # fmt: skip
+        result, headers = await _ask(hub, call, up, _headers(up, "", ""), init)
+        sid = (header_value(headers, b"mcp-session-id") or b"").decode("latin-1")
+        version = str(result.get("protocolVersion") or UPSTREAM_VERSION)
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await _ask(hub, call, up, _headers(up, sid, version), done)
+        session.upstream[up.name] = [sid, version]
+        await hub.sessions.put(session)
+        return session.upstream[up.name]
 
 
 async def _list(hub: Hub, call: Call, session: Session) -> list[dict[str, Any]]:
     names = [n for n in hub.upstreams if call.grant.server(n)]
-    before = len(session.upstream)
     lists = await asyncio.gather(
         *(_list_one(hub, call, session, hub.upstreams[n]) for n in names), return_exceptions=True
     )
-    if len(session.upstream) != before:
-        await hub.sessions.put(session)
     tools: list[dict[str, Any]] = []
     for name, got in zip(names, lists, strict=True):
         if isinstance(got, BaseException):
@@ -223,10 +230,7 @@ async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
     relay = Relay(ctx, up, None, call.out, rid)
 
     async def exchange() -> None:
-        fresh = up.name not in session.upstream
         sid, version = await _open(hub, call, session, up)
-        if fresh:
-            await hub.sessions.put(session)
         span_id = hub.tracing.new_span_id()
         relay.attempt = attempt = start_attempt(ctx, up, span_id, "tools/call")
         body = hub.inject(call, {**msg, "params": {**params, "name": tool}}, span_id)
@@ -235,6 +239,72 @@ async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
         await relay.answer(resp, session.id)
 
     await until_disconnect(ctx, call.receive, bounded(up, exchange(), relay))
+
+
+#: the upstream notifications ``GET /mcp`` passes on (others name upstream requests or
+#: sessions the client does not know)
+FORWARDED_NOTIFICATIONS = (b"notifications/tools/list_changed",)
+
+
+async def stream(hub: Hub, call: Call) -> None:
+    """GET /mcp: the servers' notification streams, merged: their ``tools/list_changed``
+    notifications reach the client (its session is opened on every allowed server first)."""
+    ctx, out = call.ctx, call.out
+    ctx.mcp["method"] = "stream"
+    session = await _session(hub, call)
+    names = [n for n in hub.upstreams if call.grant.server(n)]
+    opened = await asyncio.gather(
+        *(bounded(hub.upstreams[n], _open(hub, call, session, hub.upstreams[n])) for n in names),
+        return_exceptions=True,
+    )
+    queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=64)
+    follows = [
+        asyncio.ensure_future(_follow(hub, call, hub.upstreams[n], session, queue))
+        for n, got in zip(names, opened, strict=True)
+        if not isinstance(got, BaseException) and session.upstream[n][0]
+    ]
+    headers = [(b"content-type", SSE), (b"cache-control", b"no-cache")]
+    headers += [(b"mcp-session-id", session.id.encode()), (b"x-accel-buffering", b"no")]
+    await out.start(200, headers)
+
+    async def relayed() -> None:
+        while True:
+            await out.body(await queue.get(), more=True)
+
+    try:
+        await until_disconnect(ctx, call.receive, relayed())
+    finally:
+        for task in follows:
+            task.cancel()
+        await asyncio.gather(*follows, return_exceptions=True)
+
+
+async def _follow(
+    hub: Hub, call: Call, up: McpUpstream, session: Session, queue: asyncio.Queue[bytes]
+) -> None:
+    sid, version = session.upstream[up.name]
+    headers = [("accept", "text/event-stream"), *_headers(up, sid, version)[2:]]
+    span_id = hub.tracing.new_span_id()
+    attempt = start_attempt(call.ctx, up, span_id, "stream")
+    try:
+        resp = await send(call.ctx, up, attempt, "GET", headers, None, stream=True)
+    except GatewayError as exc:
+        log.warning("mcp: the notification stream of server %s failed: %s", up.name, exc.message)
+        return
+    try:
+        if resp.status != 200:
+            return
+        parser = SSEParser()
+        async for chunk in resp.aiter_raw():
+            for event in parser.feed(chunk):
+                data = event_data(event) or b""
+                if any(name in data for name in FORWARDED_NOTIFICATIONS):
+                    await queue.put(event)
+    except GatewayError:
+        return
+    finally:
+        attempt.finished()
+        await resp.aclose()
 
 
 async def end(hub: Hub, call: Call) -> None:

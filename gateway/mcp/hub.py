@@ -8,9 +8,11 @@ the trace context into ``params._meta``. :class:`Call`: one HTTP request to ``/m
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -85,6 +87,21 @@ class Hub:
         #: origins /mcp accepts: those every server lists
         lists = [set(c.allowed_origins) for c in rt.config.mcp_servers]
         self.aggregate_origins = frozenset(set.intersection(*lists) if lists else ())
+        self._opening: dict[tuple[str, str], asyncio.Lock] = {}
+
+    @contextlib.asynccontextmanager
+    async def opening(self, session_id: str, server: str) -> AsyncIterator[None]:
+        """One upstream handshake at a time per (client session, server) in this process."""
+        key = (session_id, server)
+        lock = self._opening.get(key)
+        if lock is None:
+            lock = self._opening[key] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._opening.get(key) is lock:
+                del self._opening[key]
 
     def begin(self, call_ctx: Any, origins: frozenset[str] | tuple[str, ...]) -> Grant:
         """Origin (403), then the caller's key (401) and what it may use."""

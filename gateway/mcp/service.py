@@ -73,11 +73,11 @@ class McpGateway:
                 method = ctx.method
                 if method == "POST":
                     await (relay.post(hub, call, up) if up else aggregate.post(hub, call))
-                elif method == "GET" and up is not None:
-                    await relay.stream(hub, call, up)
+                elif method == "GET":
+                    await (relay.stream(hub, call, up) if up else aggregate.stream(hub, call))
                 elif method == "DELETE":
                     await (relay.end(hub, call, up) if up else aggregate.end(hub, call))
-                else:  # /mcp has no notification stream of its own (docs/spec.md §23)
+                else:
                     raise MethodNotAllowed(f"{method} is not served on {ctx.path}")
             except Rejected as exc:  # a JSON-RPC error answer of the gateway's own
                 facts["status"] = exc.label

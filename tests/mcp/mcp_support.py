@@ -61,6 +61,12 @@ def tool_server(name: str = "up") -> MCPServer:
         return "the secret"
 
     @srv.tool()
+    async def announce(ctx: Context) -> str:
+        """Tell the client (on its GET stream) that the tool list changed."""
+        await ctx.session.send_tool_list_changed()
+        return "announced"
+
+    @srv.tool()
     async def slow(seconds: float) -> str:
         """Sleep, then answer."""
         await asyncio.sleep(seconds)

@@ -4,6 +4,7 @@ to a real ``MCPServer`` on loopback (docs/spec.md §23)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx2
@@ -47,7 +48,7 @@ def test_relay_lists_and_calls_tools_with_progress(gateway, mcp_upstream, mode):
             return [t.name for t in tools.tools], result
 
     names, result = run(scenario())
-    assert sorted(names) == ["add", "echo", "slow"]  # "secret" is denied by the config
+    assert sorted(names) == ["add", "announce", "echo", "slow"]  # "secret" is denied by the config
     assert result.content[0].text == "hi" and not result.is_error
     assert progress == [(1.0, 2.0, "half way")]  # the SSE progress event was relayed
     call = mcp_upstream.calls("tools/call")[-1]
@@ -113,7 +114,9 @@ def test_aggregate_merges_tools_and_routes_calls(gateway, mcp_upstream):
             return [t.name for t in tools.tools], echoed.content[0].text, now.content[0].text
 
     names, echoed, now = run(scenario())
-    assert sorted(names) == ["builtin__echo", "builtin__time", "up__add", "up__echo", "up__slow"]
+    assert sorted(names) == [
+        "builtin__echo", "builtin__time", "up__add", "up__announce", "up__echo", "up__slow"
+    ]  # fmt: skip
     assert echoed == "via /mcp" and now.startswith("20")
     # the upstream got the tool's own name
     assert mcp_upstream.calls("tools/call")[-1].json()["params"]["name"] == "echo"
@@ -229,3 +232,33 @@ def test_the_routing_header_names_the_tool_that_was_checked(gateway, mcp_upstrea
             assert r.status_code == 200
     (call,) = mcp_upstream.calls("tools/call")  # "secret" never went
     assert call.json()["params"]["name"] == "add" and call.headers["mcp-name"] == "add"
+
+
+@pytest.mark.parametrize("path", ["/mcp/up", "/mcp"])
+def test_list_changed_notifications_reach_the_client(gateway, mcp_upstream, path):
+    gw = gateway(mcp_config(mcp_upstream.mcp_url))
+    tool = "announce" if path == "/mcp/up" else "up__announce"
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        changed = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            method = getattr(getattr(message, "root", message), "method", None)
+            if isinstance(method, str):
+                seen.append(method)
+                if method == "notifications/tools/list_changed":
+                    changed.set()
+
+        async with mcp_client(gw.url + path, message_handler=on_message) as client:
+            await client.list_tools()
+            # the GET stream is open once the server has it: announce until it arrives
+            async with asyncio.timeout(20):
+                while not changed.is_set():
+                    await client.call_tool(tool, {})
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), 0.5)
+        return seen
+
+    seen = run(scenario())
+    assert "notifications/tools/list_changed" in seen
