@@ -27,6 +27,8 @@ KEY = "sk-mcp-client-key"
 OTHER_KEY = "sk-mcp-other-tenant"
 UPSTREAM_TOKEN = "tool-server-token-from-config"
 os.environ["TEST_MCP_UPSTREAM_TOKEN"] = UPSTREAM_TOKEN
+#: a second credential of the tool server, sent as a header of its own (headers_env)
+os.environ["TEST_MCP_TOOLS_HEADER"] = "tools-header-from-config"
 
 
 class Seen:
@@ -134,6 +136,7 @@ backends = ["mock"]
 name = "up"
 url = "{upstream_url}"
 api_key_env = "TEST_MCP_UPSTREAM_TOKEN"
+headers_env = ["X-Tools-Key=TEST_MCP_TOOLS_HEADER"]
 tools_deny = ["secret"]
 {server_extra}
 

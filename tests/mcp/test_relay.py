@@ -54,6 +54,7 @@ def test_relay_lists_and_calls_tools_with_progress(gateway, mcp_upstream, mode):
     call = mcp_upstream.calls("tools/call")[-1]
     # the server's credentials are the config's; the session id the server made stays hidden
     assert call.headers["authorization"] == f"Bearer {UPSTREAM_TOKEN}"
+    assert call.headers["x-tools-key"] == "tools-header-from-config"
 
 
 def test_a_denied_tool_is_a_jsonrpc_error_and_never_forwarded(gateway, mcp_upstream):
