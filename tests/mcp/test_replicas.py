@@ -10,7 +10,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.mcp.mcp_support import Alternating, McpUpstream, mcp_config
+from tests.mcp.mcp_support import Alternating, McpUpstream, mcp_client, mcp_config
 from tests.redis_support import RedisServer
 
 
@@ -62,3 +62,21 @@ async def _session_keys(url: str) -> int:
         return len(await client.keys("gateway:mcp-session:*"))
     finally:
         await client.aclose()
+
+
+def test_a_dead_redis_leaves_each_replica_its_own_sessions(gateway, mcp_upstream):
+    with RedisServer() as redis:
+        extra = f'[auth]\nredis_url = "{redis.url}"\n'
+        gw = gateway(mcp_config(mcp_upstream.mcp_url, extra=extra))
+
+        async def scenario() -> list[str]:
+            texts = []
+            async with mcp_client(gw.url + "/mcp/up") as client:
+                await client.list_tools()
+                redis.kill()  # the session was made while Redis was up: this replica has it
+                for i in range(4):  # the breaker opens after a few failed lookups
+                    result = await client.call_tool("echo", {"text": f"turn {i}"})
+                    texts.append(result.content[0].text)  # type: ignore[union-attr]
+            return texts
+
+        assert asyncio.run(scenario()) == [f"turn {i}" for i in range(4)]
