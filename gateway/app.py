@@ -19,6 +19,7 @@ from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
 from gateway.hops.edge import unsafe_path
 from gateway.live.view import LiveView
+from gateway.mcp.service import McpEndpoints
 from gateway.pipeline import model_call
 from gateway.realtime.session import Realtime, refuse_upgrade
 from gateway.runtime import Endpoint, Runtime, build_runtime
@@ -60,6 +61,8 @@ class Gateway:
             self._endpoints["/metrics"] = endpoints.metrics
         if config.ui.enabled:  # the live view under [ui] path (docs/spec.md §18)
             self._endpoints.update(LiveView(config).endpoints())
+        self._mcp = McpEndpoints(config)  # /mcp and /mcp/{server} (docs/spec.md §23)
+        self._endpoints.update(self._mcp.endpoints())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -118,6 +121,7 @@ class Gateway:
 
     async def shutdown(self) -> None:
         rt, self.runtime = self.runtime, None
+        await self._mcp.aclose()
         if rt is not None:
             await rt.aclose()
 

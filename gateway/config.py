@@ -217,6 +217,11 @@ class AuthKeyConfig:
     #: spend limit in USD per ``budget_period`` (docs/spec.md §20; None: no budget)
     budget_usd: float | None = None
     budget_period: Literal["day", "week", "month", "total"] = "month"
+    #: the ``[[mcp_servers]]`` this key may use (globs over their names; docs/spec.md §23):
+    #: none unless listed
+    mcp_servers: tuple[str, ...] = ()
+    #: the tools it may call there, as globs over ``{server}__{tool}``
+    mcp_tools: tuple[str, ...] = ("*",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +231,9 @@ class TenantConfig:
     name: str
     budget_usd: float | None = None
     budget_period: Literal["day", "week", "month", "total"] = "month"
+    #: narrow what its keys may use on MCP servers (docs/spec.md §23; None: as the key says)
+    mcp_servers: tuple[str, ...] | None = None
+    mcp_tools: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +275,28 @@ class RealtimeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class McpServerConfig:
+    """One upstream MCP server behind ``/mcp/{name}`` and ``/mcp`` (docs/spec.md §23)."""
+
+    name: str
+    #: its Streamable HTTP endpoint (``mock://`` : the built-in one, in process)
+    url: str
+    #: env var holding a bearer token sent as ``Authorization`` (never the client's)
+    api_key_env: str | None = None
+    #: more headers from env vars: ``"X-Api-Key=TOOLS_KEY"``
+    headers_env: tuple[str, ...] = ()
+    #: one JSON-RPC request's whole exchange (its answer or its stream) may last this long
+    timeout_s: float = 60.0
+    #: tools served (globs over the server's own tool names); deny wins
+    tools_allow: tuple[str, ...] = ("*",)
+    tools_deny: tuple[str, ...] = ()
+    #: a bigger request body or answer message is refused
+    max_message_bytes: int = 4 * 1024 * 1024
+    #: browser origins allowed besides loopback ones (DNS-rebinding protection)
+    allowed_origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsConfig:
     #: GET /metrics (false: no endpoint and no per-request cost)
     enabled: bool = True
@@ -297,6 +327,7 @@ class Config:
     ui: UiConfig = field(default_factory=UiConfig)
     prices: tuple[PriceConfig, ...] = ()
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    mcp_servers: tuple[McpServerConfig, ...] = ()
     #: where the config came from (a path, or "<embedded default>")
     source: str = field(default="<text>", compare=False)
     #: the key paths the file or a ``GATEWAY__*`` variable set (``"tracing.protocol"``,
@@ -656,6 +687,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_ui(cfg.ui, err)
     _check_prices(cfg.prices, err)
     err.positive(cfg.realtime, "realtime", "max_message_bytes", "idle_timeout_s", "max_session_s")
+    _check_mcp_servers(cfg.mcp_servers, err)
 
 
 def _url(url: str) -> SplitResult | None:
@@ -871,3 +903,24 @@ def _check_ui(ui: UiConfig, err: _Errors) -> None:
     elif ui.path.startswith("/v1/") or ui.path in ("/healthz/", "/readyz/", "/metrics/"):
         err("ui.path", f"must not shadow the gateway's own endpoints, got {ui.path!r}")
     err.positive(ui, "ui", "recent")
+
+
+def _check_mcp_servers(servers: tuple[McpServerConfig, ...], err: _Errors) -> None:
+    names: set[str] = set()
+    for i, m in enumerate(servers):
+        p = f"mcp_servers[{i}]"
+        if not m.name or not m.name.replace("-", "_").isidentifier() or "__" in m.name:
+            err(f"{p}.name", f"letters, digits, '-' and single '_' only, got {m.name!r}")
+        elif m.name in names:
+            err(f"{p}.name", f"duplicate MCP server {m.name!r}")
+        names.add(m.name)
+        parts = _url(m.url)
+        if parts is None or parts.scheme not in ("http", "https", "mock"):
+            err(f"{p}.url", f"scheme must be http, https or mock, got {m.url!r}")
+        elif parts.scheme != "mock" and not parts.hostname:
+            err(f"{p}.url", f"has no host: {m.url!r}")
+        for j, spec in enumerate(m.headers_env):
+            header, _, var = spec.partition("=")
+            if not header.strip() or not var.strip():
+                err(f"{p}.headers_env[{j}]", f"must be 'Header-Name=ENV_VAR', got {spec!r}")
+        err.positive(m, p, "timeout_s", "max_message_bytes")

@@ -407,6 +407,9 @@ class RequestContext:
     #: a realtime session's own facts, set at its end for the live view (messages each way,
     #: close code, responses with TTFT: :meth:`gateway.realtime.session.Realtime` writes it)
     realtime: Mapping[str, Any] | None = None
+    #: an MCP request's facts (server, JSON-RPC method, tool, session, status; docs/spec.md
+    #: §23), written by :mod:`gateway.mcp` for its spans, access-log line and the live view
+    mcp: dict[str, Any] | None = None
 
     def __init__(self, scope: Scope, timeline: Timeline) -> None:
         self.scope = scope

@@ -54,6 +54,10 @@ LOG_OFF = '[logging]\naccess_log = "off"\n'  # unless the variant sets its own
 UI_OFF = "[ui]\nenabled = false\n"
 NO_CACHE = '[cache]\nbackend = "off"\n'
 NO_TRACING = '[tracing]\nexporter = "none"\n'
+#: MCP through the gateway (docs/spec.md §23): the built-in server twice, so /mcp, /mcp/a, /mcp/b
+MCP_SERVERS = (
+    '[[mcp_servers]]\nname = "a"\nurl = "mock://"\n[[mcp_servers]]\nname = "b"\nurl = "mock://"\n'
+)
 KEY = b"sk-bench"
 AUTH = (
     '[auth]\nmode = "keys"\n[[auth.keys]]\ntenant = "bench"\n'
@@ -111,6 +115,10 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "ui": (
         "core with the live view on and nobody watching",
         NO_CACHE + NO_TRACING + "[ui]\nenabled = true\n",
+    ),
+    "mcp-servers": (
+        "core with two [[mcp_servers]] configured (/mcp endpoints): the model calls' cost of MCP",
+        NO_CACHE + NO_TRACING + MCP_SERVERS,
     ),
     "tracing": (
         "core with every request traced (spans built, encoded, queued)",

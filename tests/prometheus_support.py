@@ -71,6 +71,9 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_backend_kv_cache_usage_ratio": ("gauge", frozenset({"backend"})),
     "gateway_backend_saturated": ("gauge", frozenset({"backend"})),
     "gateway_backend_metrics_age_seconds": ("gauge", frozenset({"backend"})),
+    # MCP through the gateway (docs/spec.md §23)
+    "gateway_mcp_requests_total": ("counter", frozenset({"server", "method", "tool", "status"})),
+    "gateway_mcp_request_duration_seconds": ("histogram", frozenset({"server", "method"})),
 }
 #: a crude PromQL reading: anything that looks like one of our metric names
 METRIC_NAME = re.compile(r"\bgateway_[a-z_]+")

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 import yaml
@@ -133,6 +134,18 @@ def _round(client: openai.OpenAI, gw: GatewayServer, n: int) -> None:
         urllib.request.urlopen(req, timeout=5)
     assert bad.value.code == 400
     bad.value.close()  # an HTTPError holds the response's socket
+    _mcp_round(gw)
+
+
+def _mcp_round(gw: GatewayServer) -> None:
+    """Tool calls through /mcp/builtin (docs/spec.md §23): one that works, one unknown tool."""
+    url = gw.url + "/mcp/builtin"
+    headers = {"authorization": "Bearer sk-client-key", "accept": "application/json"}
+    for n, tool in enumerate(("echo", "no_such_tool")):
+        call = {"name": tool, "arguments": {"text": "hi"}}
+        body = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": call}
+        r = httpx2.post(url, json=body, headers=headers, timeout=5)
+        assert r.status_code == 200, r.text
     # a realtime session (docs/spec.md §19): sessions, close codes, per-frame overhead
     asyncio.run(asyncio.wait_for(_realtime_turn(gw.base_url, n), 20))
 
@@ -195,6 +208,7 @@ def stack(mock_upstream: Process, model_server: Process) -> Iterator[Stack]:
             "GATEWAY__AUTH__MODE": "keys",
             "GATEWAY__AUTH__KEYS__0__TENANT": "demo",
             "GATEWAY__AUTH__KEYS__0__SHA256": hashlib.sha256(b"sk-client-key").hexdigest(),
+            "GATEWAY__AUTH__KEYS__0__MCP_SERVERS": '["builtin"]',  # the MCP row (§23)
             "GATEWAY__AUTH__TENANTS__0__NAME": "shared-budget",
             "GATEWAY__AUTH__TENANTS__0__BUDGET_USD": "100",
         }

@@ -38,7 +38,8 @@ A realtime session (docs/spec.md §19) is one record too, its ``GET /v1/realtime
 101: the hops are the handshake's and the session's (the upstream attempt lasts as long as the
 session), and ``realtime`` holds what the session set on its context at the end (messages each
 way, the close code and who closed, its last responses with TTFT, tokens and cost). Plain
-requests have no ``realtime`` key. :func:`stats` leaves sessions out.
+requests have no ``realtime`` key. :func:`stats` leaves sessions out. An MCP request
+(docs/spec.md §23) has an ``mcp`` key: server, method, tool, status and session id.
 
 Prompts and completions are kept (truncated to :data:`CONTENT_LIMIT` characters) only when the
 buffer is made with ``capture=True`` (``tracing.capture_content``).
@@ -64,6 +65,7 @@ ERROR_MESSAGE_LIMIT = 300
 #: events a watcher may fall behind before it is dropped
 WATCHER_QUEUE = 256
 PERCENTILES = (50, 90, 99)
+_MCP_FIELDS = ("server", "method", "tool", "status", "session")
 
 #: (backend, number, start, first_byte, end, status, error type, error message)
 _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str | None, str]
@@ -97,7 +99,8 @@ _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str
     _CONTENT,
     _BACKOFF,
     _REALTIME,
-) = range(27)
+    _MCP,
+) = range(28)
 
 
 def _attempt_row(a: Attempt) -> _AttemptRow:
@@ -151,7 +154,13 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         _content(ctx) if capture else None,
         t.backoff,
         ctx.realtime,  # a session's facts: one small mapping made at its end, kept as is
+        _mcp(ctx.mcp) if ctx.mcp is not None else None,
     )
+
+
+def _mcp(facts: Mapping[str, Any]) -> tuple[Any, ...]:
+    """An MCP request's facts (docs/spec.md §23) as strings in a tuple (untracked by the GC)."""
+    return tuple(str(v) if v is not None else None for v in (facts.get(k) for k in _MCP_FIELDS))
 
 
 def _content(ctx: RequestContext) -> tuple[str | None, str | None]:
@@ -357,6 +366,8 @@ def format_record(snap: tuple[Any, ...]) -> dict[str, Any]:
         record["input"], record["output"] = snap[_CONTENT]
     if snap[_REALTIME] is not None:
         record["realtime"] = realtime_json(snap[_REALTIME])
+    if snap[_MCP] is not None:  # a tool call (or another MCP request) beside the model calls
+        record["mcp"] = dict(zip(_MCP_FIELDS, snap[_MCP], strict=True))
     return record
 
 

@@ -162,4 +162,6 @@ def line(ctx: RequestContext) -> dict[str, Any]:
     kind = answer.error_type()
     if kind is not None:
         out["error_type"] = kind
+    if ctx.mcp is not None:  # an MCP request (docs/spec.md §23): server, method, tool, status
+        out["mcp"] = {k: v for k, v in ctx.mcp.items() if k != "methods"}
     return out

@@ -162,6 +162,10 @@ class Metrics:
         self.realtime = RealtimeMetrics()
         self.counters = (*self.counters, self.realtime.sessions)
         self.histograms = (*self.histograms, self.realtime.message_overhead)
+        #: MCP requests (docs/spec.md §23), counted by gateway/mcp as each one ends
+        self.mcp = McpMetrics()
+        self.counters = (*self.counters, self.mcp.requests)
+        self.histograms = (*self.histograms, self.mcp.duration)
 
     def _latency_histograms(self) -> None:
         self.request_duration = Histogram(
@@ -568,6 +572,25 @@ class RealtimeMetrics:
             "Per-message delay the gateway adds to a realtime session (read to written)",
             ("direction",),
             FINE_BUCKETS,
+        )
+
+
+class McpMetrics:
+    """MCP requests through the gateway (docs/spec.md §23), one per JSON-RPC message."""
+
+    __slots__ = ("duration", "requests")
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "gateway_mcp_requests",
+            "MCP JSON-RPC requests, by server, method, tool and outcome",
+            ("server", "method", "tool", "status"),
+        )
+        self.duration = Histogram(
+            "gateway_mcp_request_duration_seconds",
+            "Time from an MCP request's first byte to its answer's last byte",
+            ("server", "method"),
+            DURATION_BUCKETS,
         )
 
 

@@ -274,6 +274,8 @@ def _cache_span(
 def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     """One CLIENT span per upstream attempt, GenAI semantic conventions (v1.41 names)."""
     ctx = tree.ctx
+    if ctx.mcp is not None:
+        return _mcp_span(tree, attempt, ctx.mcp)
     call = ctx.call
     b = attempt.backend
     model = ctx.model or ""
@@ -323,6 +325,51 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
         attempt.span_id.to_bytes(8, "big"),
         tree.under_root,
         otlp.name_kind(f"{operation or ctx.method} {model}".strip(), otlp.KIND_CLIENT),
+        tree.ns(attempt.start),
+        tree.ns(end),
+        attrs,
+        otlp.tail(status, _FLAGS, message),
+    )
+
+
+def _mcp_attrs(mcp: dict[str, Any]) -> list[bytes]:
+    """An MCP request's attributes (OpenTelemetry MCP and GenAI conventions; docs/spec.md §23)."""
+    attrs = [_s("mcp.method.name", mcp.get("method") or "unknown")]
+    attrs.append(_s("gateway.mcp.server", mcp.get("server") or "*"))
+    if mcp.get("session"):
+        attrs.append(_str("mcp.session.id", mcp["session"]))
+    if mcp.get("id") is not None:
+        attrs.append(_str("jsonrpc.request.id", str(mcp["id"])))
+    if mcp.get("tool"):
+        attrs.append(_s("gen_ai.tool.name", mcp["tool"]))
+        attrs.append(_s("gen_ai.operation.name", "execute_tool"))
+    if mcp.get("status") not in (None, "ok"):
+        attrs.append(_s("error.type", mcp.get("error") or mcp["status"]))
+    return attrs
+
+
+def _mcp_span(tree: _Tree, attempt: Attempt, mcp: dict[str, Any]) -> bytes:
+    """The CLIENT span of one JSON-RPC request to an MCP server: ``{method} {tool}``; its id
+    went upstream as ``params._meta.traceparent``. A handshake the gateway made on its own
+    (``/mcp`` opening a session upstream) is named by its own method."""
+    b = attempt.backend
+    method = mcp.get("methods", {}).get(attempt.span_id) or mcp.get("method") or "unknown"
+    own = method != mcp.get("method")
+    attrs = _mcp_attrs({**mcp, "method": method, "tool": None} if own else mcp)
+    attrs.append(_s("server.address", b.host))
+    attrs.append(_s("gateway.backend", b.name))
+    if attempt.status is not None:
+        attrs.append(_s("http.response.status_code", attempt.status))
+    failed = attempt.error is not None or (not own and mcp.get("status") not in (None, "ok"))
+    status = otlp.STATUS_ERROR if failed else otlp.STATUS_UNSET
+    message = attempt.error.message if attempt.error is not None else ""
+    tool = None if own else mcp.get("tool")
+    end = attempt.end if attempt.end is not None else tree.done
+    return otlp.span_fast(
+        tree.head,
+        attempt.span_id.to_bytes(8, "big"),
+        tree.under_root,
+        otlp.name_kind(f"{method} {tool or b.name}", otlp.KIND_CLIENT),
         tree.ns(attempt.start),
         tree.ns(end),
         attrs,
@@ -384,6 +431,8 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
             status = otlp.STATUS_ERROR
     if ctx.disconnected:
         attrs.append(_s("gateway.client_disconnected", True))
+    if ctx.mcp is not None:
+        attrs.extend(_mcp_attrs(ctx.mcp))
     flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
     parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
     return otlp.span_fast(

@@ -381,7 +381,7 @@
       el("td", "mono id", rec.id),
       method,
       el("td", "mono path", rec.path),
-      el("td", "mono", rec.model || "–"),
+      el("td", "mono", rec.mcp ? mcpLabel(rec.mcp) : rec.model || "–"),
       el("td", "", rec.route || "–"),
       el("td", "", rec.backend || "–"),
       el("td", "status", rec.status),
@@ -400,6 +400,12 @@
     tr.addEventListener("click", () => select(rec));
     state.rows.set(rec.seq, tr);
     return tr;
+  }
+
+  // an MCP request (docs/spec.md §23): "tools/call echo" in the model column
+  function mcpLabel(m) {
+    const label = [m.method, m.tool].filter(Boolean).join(" ");
+    return m.status && m.status !== "ok" ? label + " (" + m.status + ")" : label;
   }
 
   // ---------------------------------------------------------------- realtime sessions (§19)

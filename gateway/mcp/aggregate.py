@@ -1,0 +1,331 @@
+"""``/mcp``: every MCP server the caller may use, behind one endpoint (docs/spec.md §23).
+
+The gateway answers ``initialize`` itself (its session, bound to the caller's key) and opens a
+session on an upstream server only when a request needs it (its handshake is an attempt of
+that request, with its own span). ``tools/list`` asks every allowed server at once and merges
+their tools, named ``{server}__{tool}``; a server that fails is left out of the list (logged),
+the others still answer. ``tools/call`` goes to the owning server under the tool's own name,
+its answer (JSON, or SSE with progress notifications) relayed as from ``/mcp/{server}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+
+from gateway import __version__
+from gateway.errors import GatewayError, UpstreamError
+from gateway.headers import header_value
+from gateway.hops.edge import read_body
+from gateway.mcp.access import SEPARATOR
+from gateway.mcp.exchange import SSE, Relay, bounded, read_json, rpc_error, send, start_attempt
+from gateway.mcp.hub import METHOD_NOT_FOUND, Call, Hub, Rejected, parse
+from gateway.mcp.relay import denied
+from gateway.mcp.sessions import Session
+from gateway.mcp.upstream import McpUpstream
+from gateway.streaming.relay import until_disconnect
+from gateway.streaming.sse import SSEParser, event_data
+
+log = logging.getLogger("gateway")
+
+VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+#: what the gateway asks of an upstream when it opens a session there
+UPSTREAM_VERSION = "2025-06-18"
+MAX_PAGES = 20
+_EMPTY = {"resources/list": "resources", "resources/templates/list": "resourceTemplates"}
+_EMPTY["prompts/list"] = "prompts"
+
+
+async def post(hub: Hub, call: Call) -> None:
+    ctx, facts, out = call.ctx, call.ctx.mcp, call.out
+    cap = max((u.config.max_message_bytes for u in hub.upstreams.values()), default=1 << 20)
+    msg = parse(await read_body(ctx, call.receive, cap))
+    method, rid = msg.get("method"), msg.get("id")
+    facts["method"] = method if isinstance(method, str) else "response"
+    facts["id"] = rid
+    if method == "initialize":
+        await _initialize(hub, call, msg)
+    elif rid is None:  # notifications and answers of the client: nothing upstream waits for
+        await out.whole(202, [], b"")
+    elif method == "ping":
+        await _result(call, rid, {})
+    elif method == "tools/list":
+        session = await _session(hub, call)
+        await _result(call, rid, {"tools": await _list(hub, call, session)})
+    elif method == "tools/call":
+        await _call(hub, call, msg)
+    elif isinstance(method, str) and method in _EMPTY:
+        await _result(call, rid, {_EMPTY[method]: []})
+    else:  # server/discover included: a 2026 client then falls back to initialize
+        text = f"method not found: {method!r} (the gateway's /mcp serves tools)"
+        raise Rejected(200, rpc_error(rid, METHOD_NOT_FOUND, text), "error")
+
+
+async def _result(call: Call, rid: Any, result: dict[str, Any]) -> None:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": result})
+    await call.out.whole(200, [(b"content-type", b"application/json")], body)
+
+
+async def _session(hub: Hub, call: Call) -> Session:
+    session = await hub.session(call, "*")
+    if session is None:
+        text = "send Mcp-Session-Id: initialize first"
+        raise Rejected(400, rpc_error(None, -32600, text), "rejected")
+    return session
+
+
+async def _initialize(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
+    params = msg.get("params")
+    asked = params.get("protocolVersion") if isinstance(params, dict) else None
+    session = Session(call.grant.owner, "*")
+    await hub.sessions.put(session)
+    call.ctx.mcp["session"] = session.id
+    result = {
+        "protocolVersion": asked if asked in VERSIONS else VERSIONS[-1],
+        "capabilities": {"tools": {"listChanged": True}},
+        "serverInfo": {"name": "llm-gateway", "version": __version__},
+        "instructions": "Tools of every MCP server this key may use, named {server}__{tool}.",
+    }
+    body = orjson.dumps({"jsonrpc": "2.0", "id": msg.get("id"), "result": result})
+    headers = [(b"content-type", b"application/json"), (b"mcp-session-id", session.id.encode())]
+    await call.out.whole(200, headers, body)
+
+
+def _answer(body: bytes, content_type: bytes, rid: Any) -> dict[str, Any]:
+    """The JSON-RPC answer to ``rid`` in a whole JSON or SSE body."""
+    datas = [body]
+    if content_type.startswith(SSE):
+        parser = SSEParser()
+        events = parser.feed(body) + parser.finish() + parser.feed(b"\n\n")
+        datas = [d for d in (event_data(e) for e in events) if d is not None]
+    for data in datas:
+        try:
+            msg = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(msg, dict) and msg.get("id") == rid:
+            if isinstance(msg.get("result"), dict):
+                return dict(msg["result"])
+            raise UpstreamError(f"the MCP server answered {msg.get('error')!r}", code="mcp_error")
+    raise UpstreamError("the MCP server sent no answer", code="mcp_no_answer")
+
+
+def _headers(up: McpUpstream, sid: str, version: str) -> list[tuple[str, str]]:
+    headers = [("accept", "application/json, text/event-stream")]
+    headers.append(("content-type", "application/json"))
+    if sid:
+        headers.append(("mcp-session-id", sid))
+    if version:
+        headers.append(("mcp-protocol-version", version))
+    return headers + list(up.credentials)
+
+
+async def _ask(
+    hub: Hub, call: Call, up: McpUpstream, headers: list[tuple[str, str]], msg: dict[str, Any]
+) -> tuple[dict[str, Any], Any]:
+    """One request the gateway makes on its own; its result and the response's headers."""
+    span_id = hub.tracing.new_span_id()
+    attempt = start_attempt(call.ctx, up, span_id, str(msg.get("method")))
+    body = hub.inject(call, msg, span_id)
+    resp = await send(
+        call.ctx, up, attempt, "POST", headers + hub.trace_headers(call, span_id), body
+    )
+    raw = await read_json(call.ctx, up, attempt, resp)
+    if msg.get("id") is None:
+        return {}, resp.headers
+    if resp.status >= 400:
+        raise UpstreamError(f"the MCP server {up.name!r} answered {resp.status}", code="mcp_error")
+    ctype = header_value(resp.headers, b"content-type") or b""
+    return _answer(raw, ctype, msg.get("id")), resp.headers
+
+
+async def _open(hub: Hub, call: Call, session: Session, up: McpUpstream) -> list[str]:
+    """The session's upstream session on ``up``, opened (initialize) when it has none — once:
+    concurrent requests of one session (its GET stream and its first tools/list) wait for the
+    first one's handshake and use its session, which is stored before the lock is let go."""
+    have = session.upstream.get(up.name)
+    if have is not None:
+        return have
+    async with hub.opening(session.id, up.name):
+        stored = await hub.sessions.get(session.id)
+        if stored is not None:  # what other requests (or replicas) opened meanwhile
+            session.upstream = {**stored.upstream, **session.upstream}
+        have = session.upstream.get(up.name)
+        if have is not None:
+            return have
+        init = {
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": UPSTREAM_VERSION, "capabilities": {},
+                "clientInfo": {"name": "llm-gateway", "version": __version__},
+            },
+        }  # fmt: skip
+        result, headers = await _ask(hub, call, up, _headers(up, "", ""), init)
+        sid = (header_value(headers, b"mcp-session-id") or b"").decode("latin-1")
+        version = str(result.get("protocolVersion") or UPSTREAM_VERSION)
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await _ask(hub, call, up, _headers(up, sid, version), done)
+        session.upstream[up.name] = [sid, version]
+        await hub.sessions.put(session)
+        return session.upstream[up.name]
+
+
+async def _list(hub: Hub, call: Call, session: Session) -> list[dict[str, Any]]:
+    names = [n for n in hub.upstreams if call.grant.server(n)]
+    lists = await asyncio.gather(
+        *(_list_one(hub, call, session, hub.upstreams[n]) for n in names), return_exceptions=True
+    )
+    tools: list[dict[str, Any]] = []
+    for name, got in zip(names, lists, strict=True):
+        if isinstance(got, BaseException):
+            if not isinstance(got, Exception):
+                raise got
+            log.warning("mcp: tools/list of server %s failed: %s", name, got)
+            continue
+        tools.extend(got)
+    return tools
+
+
+async def _list_one(
+    hub: Hub, call: Call, session: Session, up: McpUpstream
+) -> list[dict[str, Any]]:
+    async def listed() -> list[dict[str, Any]]:
+        sid, version = await _open(hub, call, session, up)
+        out: list[dict[str, Any]] = []
+        cursor = None
+        for page in range(MAX_PAGES):
+            params: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            msg = {"jsonrpc": "2.0", "id": page + 1, "method": "tools/list", "params": params}
+            result, _ = await _ask(hub, call, up, _headers(up, sid, version), msg)
+            for tool in result.get("tools") or ():
+                if isinstance(tool, dict) and hub.allowed(call.grant, up, tool.get("name")):
+                    out.append({**tool, "name": f"{up.name}{SEPARATOR}{tool['name']}"})
+            cursor = result.get("nextCursor")
+            if not cursor:
+                break
+        return out
+
+    result: list[dict[str, Any]] = await bounded(up, listed())
+    return result
+
+
+async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
+    ctx, facts = call.ctx, call.ctx.mcp
+    rid = msg.get("id")
+    params = msg.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    server, _, tool = name.partition(SEPARATOR) if isinstance(name, str) else ("", "", "")
+    up = hub.upstreams.get(server)
+    facts["tool"] = tool or None
+    if up is not None:
+        facts["server"] = up.name
+    if up is None or not hub.allowed(call.grant, up, tool):
+        raise denied(rid, name)
+    await hub.count(call)
+    session = await _session(hub, call)
+    assert isinstance(params, dict)
+    relay = Relay(ctx, up, None, call.out, rid)
+
+    async def exchange() -> None:
+        sid, version = await _open(hub, call, session, up)
+        span_id = hub.tracing.new_span_id()
+        relay.attempt = attempt = start_attempt(ctx, up, span_id, "tools/call")
+        body = hub.inject(call, {**msg, "params": {**params, "name": tool}}, span_id)
+        headers = _headers(up, sid, version) + hub.trace_headers(call, span_id)
+        resp = await send(ctx, up, attempt, "POST", headers, body)
+        await relay.answer(resp, session.id)
+
+    await until_disconnect(ctx, call.receive, bounded(up, exchange(), relay))
+
+
+#: the upstream notifications ``GET /mcp`` passes on (others name upstream requests or
+#: sessions the client does not know)
+FORWARDED_NOTIFICATIONS = (b"notifications/tools/list_changed",)
+
+
+async def stream(hub: Hub, call: Call) -> None:
+    """GET /mcp: the servers' notification streams, merged: their ``tools/list_changed``
+    notifications reach the client (its session is opened on every allowed server first)."""
+    ctx, out = call.ctx, call.out
+    ctx.mcp["method"] = "stream"
+    session = await _session(hub, call)
+    names = [n for n in hub.upstreams if call.grant.server(n)]
+    opened = await asyncio.gather(
+        *(bounded(hub.upstreams[n], _open(hub, call, session, hub.upstreams[n])) for n in names),
+        return_exceptions=True,
+    )
+    queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=64)
+    follows = [
+        asyncio.ensure_future(_follow(hub, call, hub.upstreams[n], session, queue))
+        for n, got in zip(names, opened, strict=True)
+        if not isinstance(got, BaseException) and session.upstream[n][0]
+    ]
+    headers = [(b"content-type", SSE), (b"cache-control", b"no-cache")]
+    headers += [(b"mcp-session-id", session.id.encode()), (b"x-accel-buffering", b"no")]
+    await out.start(200, headers)
+
+    async def relayed() -> None:
+        while True:
+            await out.body(await queue.get(), more=True)
+
+    try:
+        await until_disconnect(ctx, call.receive, relayed())
+    finally:
+        for task in follows:
+            task.cancel()
+        await asyncio.gather(*follows, return_exceptions=True)
+
+
+async def _follow(
+    hub: Hub, call: Call, up: McpUpstream, session: Session, queue: asyncio.Queue[bytes]
+) -> None:
+    sid, version = session.upstream[up.name]
+    headers = [("accept", "text/event-stream"), *_headers(up, sid, version)[2:]]
+    span_id = hub.tracing.new_span_id()
+    attempt = start_attempt(call.ctx, up, span_id, "stream")
+    try:
+        resp = await send(call.ctx, up, attempt, "GET", headers, None, stream=True)
+    except GatewayError as exc:
+        log.warning("mcp: the notification stream of server %s failed: %s", up.name, exc.message)
+        return
+    try:
+        if resp.status != 200:
+            return
+        parser = SSEParser()
+        async for chunk in resp.aiter_raw():
+            for event in parser.feed(chunk):
+                data = event_data(event) or b""
+                if any(name in data for name in FORWARDED_NOTIFICATIONS):
+                    await queue.put(event)
+    except GatewayError:
+        return
+    finally:
+        attempt.finished()
+        await resp.aclose()
+
+
+async def end(hub: Hub, call: Call) -> None:
+    """DELETE /mcp: the session ends here and on every server it was opened on."""
+    call.ctx.mcp["method"] = "session/delete"
+    session = await _session(hub, call)
+    await hub.sessions.delete(session.id)
+    for name, (sid, version) in session.upstream.items():
+        up = hub.upstreams.get(name)
+        if up is None or not sid:
+            continue
+        span_id = hub.tracing.new_span_id()
+        attempt = start_attempt(call.ctx, up, span_id, "session/delete")
+        try:
+            resp = await bounded(
+                up, send(call.ctx, up, attempt, "DELETE", _headers(up, sid, version), None)
+            )
+            await read_json(call.ctx, up, attempt, resp)
+        except GatewayError as exc:  # the client's session is over whatever the server says
+            log.warning("mcp: ending the session on server %s failed: %s", name, exc.message)
+    await call.out.whole(200, [], b"")
+
+
+__all__ = ["end", "post"]

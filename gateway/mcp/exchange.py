@@ -1,0 +1,265 @@
+"""One exchange with an upstream MCP server, and its answer relayed to the client
+(docs/spec.md §23).
+
+A POST's answer is JSON or an SSE stream. A stream is relayed event by event as each event
+completes (never buffered: a tool's progress notifications reach the client as they happen);
+only the event that answers the request is parsed — for its outcome, and for ``tools/list`` to
+drop the tools the caller may not use. The whole exchange is bounded by the server's
+``timeout_s``: a stream cut by it ends with a JSON-RPC error event for the request, so the
+client's call fails cleanly rather than waiting forever; before anything was sent it is a 504.
+Every answer message is capped at ``max_message_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from gateway.context import Attempt, RequestContext
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.headers import header_value
+from gateway.mcp.upstream import McpUpstream
+from gateway.streaming.bodies import upstream_answered, upstream_finished
+from gateway.streaming.sse import SSEParser, event_data
+from gateway.transports import UpstreamResponse
+from gateway.types import RawHeaders
+from gateway.writer import ResponseWriter
+
+#: rewrites the answer to the request (``tools/list``: drop and rename tools), in place
+Transform = Callable[[dict[str, Any]], None]
+#: the upstream's headers that reach the client (its session id is replaced by the gateway's)
+_KEEP = (b"content-type", b"cache-control", b"allow")
+SSE = b"text/event-stream"
+#: JSON-RPC codes the gateway answers with (the MCP SDKs' REQUEST_TIMEOUT is -32001)
+TIMED_OUT = -32001
+DENIED = -32602
+
+
+def rpc_error(rid: Any, code: int, message: str, data: dict[str, Any] | None = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "error": error})
+
+
+def start_attempt(ctx: RequestContext, up: McpUpstream, span_id: int, method: str) -> Attempt:
+    """An upstream exchange, timed like a model call's attempt; ``method``: what it carries
+    when it is not the client's own request (a handshake ``/mcp`` makes on its own)."""
+    attempt = Attempt(up.backend, len(ctx.attempts) + 1, span_id)
+    ctx.attempts.append(attempt)
+    facts = ctx.mcp
+    if facts is not None and method != facts.get("method"):
+        facts.setdefault("methods", {})[span_id] = method
+    return attempt
+
+
+async def send(
+    ctx: RequestContext,
+    up: McpUpstream,
+    attempt: Attempt,
+    method: str,
+    headers: list[tuple[str, str]],
+    body: bytes | None,
+    stream: bool = False,
+) -> UpstreamResponse:
+    transport = up.streams if stream else up.transport
+    try:
+        resp = await transport.request(method, up.url, headers, body)
+    except GatewayError as exc:
+        attempt.error = exc
+        attempt.finished()
+        raise
+    attempt.status = resp.status
+    upstream_answered(ctx, attempt, resp)
+    return resp
+
+
+async def read_json(
+    ctx: RequestContext, up: McpUpstream, attempt: Attempt, resp: UpstreamResponse
+) -> bytes:
+    """A whole (JSON) answer, at most ``max_message_bytes``."""
+    cap = up.config.max_message_bytes
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in resp.aiter_raw():
+            size += len(chunk)
+            if size > cap:
+                raise UpstreamError(
+                    f"the MCP server {up.name!r} answered more than {cap} bytes",
+                    code="mcp_message_too_large",
+                )
+            parts.append(chunk)
+    finally:
+        upstream_finished(ctx, attempt, resp)
+        await resp.aclose()
+    return b"".join(parts)
+
+
+def answer_message(raw: bytes, rid: Any) -> dict[str, Any] | None:
+    """The JSON-RPC answer to request ``rid`` in ``raw`` (a JSON body or an SSE data field)."""
+    if rid is None or b'"id"' not in raw:
+        return None
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(msg, dict) and msg.get("id") == rid and ("result" in msg or "error" in msg):
+        return msg
+    return None
+
+
+def outcome(msg: dict[str, Any]) -> tuple[str, str | None]:
+    """The status label and error type of an answer: ok, error (JSON-RPC), tool_error."""
+    error = msg.get("error")
+    if isinstance(error, dict):
+        return "error", str(error.get("code"))
+    result = msg.get("result")
+    if isinstance(result, dict) and result.get("isError") is True:
+        return "tool_error", "tool_error"
+    return "ok", None
+
+
+def client_headers(resp: UpstreamResponse, session_id: str | None) -> RawHeaders:
+    out = [(k, v) for k, v in resp.headers if k in _KEEP]
+    if session_id:
+        out.append((b"mcp-session-id", session_id.encode()))
+    if (header_value(resp.headers, b"content-type") or b"").startswith(SSE):
+        out.append((b"x-accel-buffering", b"no"))
+    return out
+
+
+class Relay:
+    """Relays one upstream answer to the client, noting its outcome on ``ctx.mcp``."""
+
+    __slots__ = ("answered", "attempt", "ctx", "out", "rid", "transform", "up")
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        up: McpUpstream,
+        attempt: Attempt | None,
+        out: ResponseWriter,
+        rid: Any,
+        transform: Transform | None = None,
+    ) -> None:
+        self.ctx, self.up, self.attempt, self.out = ctx, up, attempt, out
+        self.rid = rid
+        self.transform = transform
+        #: the answer to the request went out
+        self.answered = False
+
+    def _note(self, msg: dict[str, Any]) -> None:
+        facts = self.ctx.mcp
+        if facts is not None:
+            facts["status"], error = outcome(msg)
+            if error is not None:
+                facts["error"] = error
+
+    async def answer(self, resp: UpstreamResponse, session_id: str | None) -> None:
+        assert self.attempt is not None  # set once the request went upstream
+        headers = client_headers(resp, session_id)
+        if resp.status >= 400 and self.ctx.mcp is not None:
+            self.ctx.mcp["status"] = "upstream_error"
+            self.ctx.mcp["error"] = str(resp.status)
+        if (header_value(resp.headers, b"content-type") or b"").startswith(SSE):
+            await self._stream(resp, headers)
+            return
+        body = await read_json(self.ctx, self.up, self.attempt, resp)
+        msg = answer_message(body, self.rid)
+        if msg is not None:
+            self._note(msg)
+            if self.transform is not None:
+                self.transform(msg)
+                body = orjson.dumps(msg)
+        await self.out.whole(resp.status, headers, body)
+
+    async def _stream(self, resp: UpstreamResponse, headers: RawHeaders) -> None:
+        out, cap = self.out, self.up.config.max_message_bytes
+        attempt = self.attempt
+        assert attempt is not None
+        parser = SSEParser()
+        await out.start(resp.status, headers)
+        try:
+            async for chunk in resp.aiter_raw():
+                for event in parser.feed(chunk):
+                    await out.body(self._event(event), more=True)
+                    if self.answered:  # the request is answered: its stream is over (the
+                        break  # server closes it too), the client need not wait for that
+                if self.answered:
+                    break
+                if len(parser.pending) > cap:
+                    raise UpstreamError(
+                        f"an event of the MCP server {self.up.name!r} passed {cap} bytes",
+                        code="mcp_message_too_large",
+                    )
+        except UpstreamError as exc:
+            await self.cut(-32603, exc.message)
+            if self.ctx.mcp is not None:
+                self.ctx.mcp["status"], self.ctx.mcp["error"] = "upstream_error", exc.code
+            return
+        finally:
+            upstream_finished(self.ctx, attempt, resp)
+            await resp.aclose()
+        await out.body(b"")
+
+    def _event(self, event: bytes) -> bytes:
+        data = event_data(event)
+        msg = answer_message(data, self.rid) if data is not None else None
+        if msg is None:
+            return event
+        if self.ctx.timeline.first_content is None:
+            self.ctx.timeline.first_content = time.perf_counter()
+        self.answered = True
+        self._note(msg)
+        if self.transform is None:
+            return event
+        self.transform(msg)
+        return b"event: message\ndata: " + orjson.dumps(msg) + b"\n\n"
+
+    async def cut(self, code: int, message: str) -> None:
+        """A stream that cannot finish ends with an error answer to the request."""
+        if self.out.finished:
+            return
+        event = b""
+        if self.rid is not None:
+            event = b"event: message\ndata: " + rpc_error(self.rid, code, message) + b"\n\n"
+        await self.out.body(event)
+
+
+async def bounded(up: McpUpstream, work: Any, relay: Relay | None = None) -> Any:
+    """``work`` within the server's ``timeout_s``. Past it before any answer: 504; in the
+    middle of a stream: the stream ends with a JSON-RPC error answer (``-32001``)."""
+    try:
+        async with asyncio.timeout(up.config.timeout_s):
+            return await work
+    except TimeoutError as exc:
+        facts = relay.ctx.mcp if relay is not None else None
+        if facts is not None:
+            facts["status"], facts["error"] = "timeout", "mcp_timeout"
+        if relay is not None and relay.out.started:
+            message = f"the MCP server {up.name!r} did not finish within {up.config.timeout_s:g} s"
+            await relay.cut(TIMED_OUT, message)
+            return None
+        raise UpstreamTimeout(
+            f"the MCP server {up.name!r} did not answer within {up.config.timeout_s:g} s",
+            code="mcp_timeout",
+        ) from exc
+
+
+__all__ = [
+    "DENIED",
+    "SSE",
+    "TIMED_OUT",
+    "Relay",
+    "answer_message",
+    "bounded",
+    "read_json",
+    "rpc_error",
+    "send",
+    "start_attempt",
+]

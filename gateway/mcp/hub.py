@@ -1,0 +1,179 @@
+"""What the MCP endpoints share (built once per runtime) and what one MCP request carries.
+
+:class:`Hub`: the upstream servers, the grants, the session records, and the steps both
+endpoints take — identify the caller, check the Origin, find the session, decide a tool, put
+the trace context into ``params._meta``. :class:`Call`: one HTTP request to ``/mcp`` or
+``/mcp/{server}`` (docs/spec.md §23).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+
+from gateway.errors import Forbidden, NotFound
+from gateway.headers import header_value
+from gateway.hops.auth import KeyEntry
+from gateway.mcp.access import EVERYBODY, Access, Grant, origin_allowed
+from gateway.mcp.exchange import rpc_error
+from gateway.mcp.sessions import Session, Sessions, build_sessions
+from gateway.mcp.upstream import McpUpstream
+from gateway.runtime import Runtime
+from gateway.types import RawHeaders, Receive
+from gateway.writer import ResponseWriter
+
+_TRACE_HEADERS = ("traceparent", "tracestate")
+#: JSON-RPC: the body is no JSON / no request object
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND = -32700, -32600, -32601
+
+
+class Rejected(Exception):
+    """A message refused with a JSON-RPC error (HTTP ``status``), never forwarded."""
+
+    def __init__(self, status: int, body: bytes, label: str) -> None:
+        super().__init__(label)
+        self.status, self.body, self.label = status, body, label
+
+
+class Call:
+    """One HTTP request to an MCP endpoint."""
+
+    __slots__ = ("ctx", "grant", "headers", "out", "receive")
+
+    def __init__(self, ctx: Any, out: ResponseWriter, receive: Receive, grant: Grant) -> None:
+        self.ctx = ctx
+        self.out = out
+        self.receive = receive
+        self.grant = grant
+        self.headers: RawHeaders = ctx.scope["headers"]
+
+    def header(self, name: bytes) -> str | None:
+        value = header_value(self.headers, name)
+        return value.decode("latin-1") if value is not None else None
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    """One JSON-RPC message (a batch is refused: MCP 2025-06-18 removed them)."""
+    try:
+        msg = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = "the body is not JSON"
+        raise Rejected(400, rpc_error(None, PARSE_ERROR, text), "rejected") from None
+    if isinstance(msg, list):
+        text = "JSON-RPC batches are not supported (MCP 2025-06-18 removed them)"
+        raise Rejected(400, rpc_error(None, INVALID_REQUEST, text), "rejected")
+    if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+        text = "not a JSON-RPC 2.0 message"
+        raise Rejected(400, rpc_error(None, INVALID_REQUEST, text), "rejected")
+    return msg
+
+
+class Hub:
+    """The MCP side of one runtime."""
+
+    def __init__(self, rt: Runtime, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.rt = rt
+        self.upstreams = {c.name: McpUpstream(c, env) for c in rt.config.mcp_servers}
+        self.access = Access(rt.config)
+        self.sessions: Sessions = build_sessions(rt.config, env)
+        self.tracing = rt.tracing
+        #: origins /mcp accepts: those every server lists
+        lists = [set(c.allowed_origins) for c in rt.config.mcp_servers]
+        self.aggregate_origins = frozenset(set.intersection(*lists) if lists else ())
+        self._opening: dict[tuple[str, str], asyncio.Lock] = {}
+
+    @contextlib.asynccontextmanager
+    async def opening(self, session_id: str, server: str) -> AsyncIterator[None]:
+        """One upstream handshake at a time per (client session, server) in this process."""
+        key = (session_id, server)
+        lock = self._opening.get(key)
+        if lock is None:
+            lock = self._opening[key] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._opening.get(key) is lock:
+                del self._opening[key]
+
+    def begin(self, call_ctx: Any, origins: frozenset[str] | tuple[str, ...]) -> Grant:
+        """Origin (403), then the caller's key (401) and what it may use."""
+        ctx = call_ctx
+        origin = header_value(ctx.scope["headers"], b"origin")
+        if not origin_allowed(origin.decode("latin-1") if origin else None, origins):
+            raise Forbidden(
+                "this Origin may not call the gateway's MCP endpoints (DNS-rebinding "
+                "protection); list it in the server's allowed_origins",
+                code="origin_not_allowed",
+            )
+        auth = self.rt.auth
+        grant = EVERYBODY
+        if auth.mode != "off":
+            entry: KeyEntry = auth.identify(ctx.credential)
+            ctx.tenant, ctx.admin, ctx.limit_key = entry.tenant, entry.admin, entry
+            grant = self.access.grant(entry.digest.hex())
+        ctx.timeline.auth_done = time.perf_counter()
+        return grant
+
+    def allowed(self, grant: Grant, up: McpUpstream, tool: Any) -> bool:
+        return (
+            isinstance(tool, str)
+            and self.access.served(up.config, tool)
+            and grant.tool(up.name, tool)
+        )
+
+    async def count(self, call: Call) -> None:
+        """A tool call counts against the key's ``rpm`` (429 past it)."""
+        await self.rt.auth.check(call.ctx)
+
+    async def session(self, call: Call, endpoint: str) -> Session | None:
+        """The client's session (None: it sent none); 404 when unknown, ended, another key's
+        or another endpoint's — the client then starts a new one (MCP transport spec)."""
+        sid = call.header(b"mcp-session-id")
+        if sid is None:
+            return None
+        session = await self.sessions.get(sid)
+        if session is None or session.owner != call.grant.owner or session.endpoint != endpoint:
+            raise NotFound(
+                "no such MCP session: initialize a new one", code="mcp_session_not_found"
+            )
+        call.ctx.mcp["session"] = sid
+        return session
+
+    def inject(self, call: Call, msg: dict[str, Any], span_id: int) -> bytes:
+        """The request with the gateway's trace context in ``params._meta`` (the MCP
+        conventions of OpenTelemetry), so the tool server's spans join the trace."""
+        trace = call.ctx.trace
+        if trace is not None and self.tracing.enabled and "method" in msg:
+            params = msg.get("params")
+            if params is None:
+                params = msg["params"] = {}
+            if isinstance(params, dict):
+                meta = params.get("_meta")
+                if not isinstance(meta, dict):
+                    meta = params["_meta"] = {}
+                meta["traceparent"] = trace.traceparent(span_id)
+                if trace.trace_state:
+                    meta["tracestate"] = trace.trace_state
+        return orjson.dumps(msg)
+
+    def trace_headers(self, call: Call, span_id: int) -> list[tuple[str, str]]:
+        trace = call.ctx.trace
+        if trace is None or not self.tracing.enabled:  # not tracing: the client's own, as is
+            return [h for h in call.ctx.upstream_headers if h[0] in _TRACE_HEADERS]
+        return [("traceparent", trace.traceparent(span_id))]
+
+    async def aclose(self) -> None:
+        for up in self.upstreams.values():
+            await up.aclose()
+        await self.sessions.aclose()
+
+
+__all__ = ["Call", "Hub", "Rejected", "parse"]
