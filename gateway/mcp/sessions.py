@@ -15,7 +15,6 @@ bounded by the Redis timeout and a circuit breaker stops calling a dead one.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.guard import RedisGuard, RedisUnavailable, close_quietly
 from gateway.cache.redis import connect
 from gateway.config import Config
 
@@ -85,7 +85,7 @@ class Sessions:
         self._local: OrderedDict[str, bytes] = OrderedDict()
         self._client = None
         self._timeout = timeout_ms / 1000.0
-        self._breaker = CircuitBreaker(3, 5.0)
+        self._guard = RedisGuard(CircuitBreaker(3, 5.0), self._timeout, _Unavailable, self._down)
         self._prefix = f"gateway:mcp-session:v1:{namespace}:"
         if url is not None:  # connects lazily: a dead Redis never stops a start
             self._client = connect(url, self._timeout, password=password, cluster=cluster)
@@ -132,35 +132,23 @@ class Sessions:
                 await self._call(lambda: client.delete(self._prefix + sid))
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        breaker = self._breaker
-        if not breaker.allow():
-            raise _Unavailable()
-        try:
-            async with asyncio.timeout(self._timeout):
-                reply = await op()
-        except Exception as exc:
-            before = breaker.state
-            breaker.failure()
-            if before == "closed" and breaker.state == "open":
-                log.warning(
-                    "mcp sessions: Redis unreachable (%s); each replica serves the sessions "
-                    "it made until it is back",
-                    type(exc).__name__,
-                )
-            raise _Unavailable() from exc
-        except BaseException:
-            breaker.release()
-            raise
-        breaker.success()
-        return reply
+        return await self._guard.call(op)
+
+    @staticmethod
+    def _down(exc: Exception) -> None:
+        log.warning(
+            "mcp sessions: Redis unreachable (%s); each replica serves the sessions "
+            "it made until it is back",
+            type(exc).__name__,
+        )
 
     async def aclose(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            await close_quietly(self._client, log, "mcp sessions")
 
 
-class _Unavailable(Exception):
-    pass
+class _Unavailable(RedisUnavailable):
+    """Redis could not answer the session store."""
 
 
 def build_sessions(config: Config, environ: Mapping[str, str] | None = None) -> Sessions:
