@@ -171,30 +171,36 @@ class _DirectPath:
     """A :class:`Relay`'s direct path (see the module): each message written to the other side
     in the read callback that completed it."""
 
-    __slots__ = ("_client", "_direct_up", "_last", "_queued_in", "_write_client", "_write_up")
+    __slots__ = (
+        "_client",
+        "_direct_up",
+        "_last",
+        "_queued_in",
+        "_server_end",
+        "_write_client",
+        "_write_up",
+    )
     _client: RealtimeWebSocketProtocol | None
+    _server_end: RealtimeWebSocketProtocol | None
     _direct_up: WebSocketsSocket | None
     _last: float
     _queued_in: int
     _write_up: Write
     _write_client: Write
     # the Relay's, as the direct path uses them
-    _receive: Receive
-    _send: Send
     _up: UpstreamSocket
     _max_bytes: int
     stats: Stats
 
     def _attach(self) -> None:
         """Both ends are sockets this process reads (the server's protocol, the ``websockets``
-        client): each message is offered to the other side as it is read."""
-        client: object = getattr(self._receive, "__self__", None)
+        client): each message is offered to the other side as it is read. The server's end is
+        the one its protocol offered in ``websocket.connect`` (:data:`CLIENT_END`)."""
+        client = self._server_end
         up = self._up
         if not isinstance(up, WebSocketsSocket):
             return  # a mock:// upstream: the pumps relay every message
-        if getattr(self._send, "__self__", None) is not client:
-            return  # a server wrapping receive or send (uvicorn's trace logging): the pumps
-        if not isinstance(client, RealtimeWebSocketProtocol):
+        if client is None:
             return  # another server: the pumps, likewise
         #: client messages queued for receive() before now (the pump writes them first)
         self._queued_in = client.queue.qsize()
@@ -204,6 +210,11 @@ class _DirectPath:
         up.attach(self._take_out)
         self._client = client
         self._direct_up = up
+
+    @property
+    def direct(self) -> bool:
+        """Whether the direct path is attached (both ends this process's sockets)."""
+        return self._client is not None
 
     def _detach(self) -> None:
         client, up = self._client, self._direct_up
@@ -265,8 +276,12 @@ class Relay(_DirectPath):
         max_session_s: float,
         observe_in: Observe = _nothing,
         observe_out: Observe = _nothing,
+        server_end: RealtimeWebSocketProtocol | None = None,
     ) -> None:
         self._receive = receive
+        #: the server's end of the client connection, as its protocol offered it (None: the
+        #: pumps relay every client message)
+        self._server_end = server_end
         self._send = send
         self._up = upstream
         self._max_bytes = max_message_bytes

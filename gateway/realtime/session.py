@@ -45,7 +45,7 @@ from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.events import ModelResponse, OnDone, Responses
 from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
-from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
+from gateway.realtime.server_protocol import CLIENT_END, RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
 from gateway.realtime.upstream import Handshake, UpstreamSocket
 from gateway.runtime import Runtime
@@ -255,6 +255,10 @@ class Realtime:
         received = connect.get(RECEIVED_AT)
         if received is not None:
             scope[RECEIVED_AT] = received
+        # the gateway's own server offers its end of the connection: the relay's direct path
+        server_end = connect.get(CLIENT_END)
+        if not isinstance(server_end, RealtimeWebSocketProtocol):
+            server_end = None
         scope["method"] = "GET"  # a WebSocket scope has none; the handshake is a GET
         rt = self.rt
         ctx = rt.edge.accept(scope)
@@ -288,8 +292,9 @@ class Realtime:
                 max_session_s=self.config.max_session_s,
                 observe_in=self._observe_in,
                 observe_out=self._observe_out,
+                server_end=server_end,
             )
-            live.attach(relay, rt, getattr(receive, "__self__", None))
+            live.attach(relay, rt, server_end)
             end = await relay.run()
         except GatewayError as exc:
             ctx.answer.error = exc
