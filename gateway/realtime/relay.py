@@ -212,6 +212,11 @@ class _DirectPath:
         self._direct_up = up
 
     @property
+    def server_end(self) -> RealtimeWebSocketProtocol | None:
+        """The server's end of the client connection its protocol offered (None: none)."""
+        return self._server_end
+
+    @property
     def direct(self) -> bool:
         """Whether the direct path is attached (both ends this process's sockets)."""
         return self._client is not None

@@ -51,7 +51,7 @@ from gateway.realtime.upstream import Handshake, UpstreamSocket
 from gateway.runtime import Runtime
 from gateway.telemetry.logs import line
 from gateway.telemetry.server_timing import edge_intervals
-from gateway.types import Receive, Scope, Send
+from gateway.types import Message, Receive, Scope, Send
 from gateway.writer import ResponseWriter
 
 log = logging.getLogger("gateway")
@@ -223,6 +223,13 @@ class LiveSession:
         }
 
 
+def _server_end(connect: Message) -> RealtimeWebSocketProtocol | None:
+    """The gateway's own server offers its end of the connection in ``websocket.connect``: the
+    relay's direct path and the session's drain register there."""
+    end = connect.get(CLIENT_END)
+    return end if isinstance(end, RealtimeWebSocketProtocol) else None
+
+
 class Realtime:
     """``GET /v1/realtime`` of one runtime: sessions, each in its own context."""
 
@@ -255,10 +262,6 @@ class Realtime:
         received = connect.get(RECEIVED_AT)
         if received is not None:
             scope[RECEIVED_AT] = received
-        # the gateway's own server offers its end of the connection: the relay's direct path
-        server_end = connect.get(CLIENT_END)
-        if not isinstance(server_end, RealtimeWebSocketProtocol):
-            server_end = None
         scope["method"] = "GET"  # a WebSocket scope has none; the handshake is a GET
         rt = self.rt
         ctx = rt.edge.accept(scope)
@@ -292,9 +295,9 @@ class Realtime:
                 max_session_s=self.config.max_session_s,
                 observe_in=self._observe_in,
                 observe_out=self._observe_out,
-                server_end=server_end,
+                server_end=_server_end(connect),
             )
-            live.attach(relay, rt, server_end)
+            live.attach(relay, rt, relay.server_end)
             end = await relay.run()
         except GatewayError as exc:
             ctx.answer.error = exc
