@@ -748,8 +748,11 @@ def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, cap
         page.wait_for_selector("#signin-key")  # shown by the page's own 401
         page.fill("#signin-key", APP_KEY)
         page.click("#signin button")
-        while not held:
-            page.wait_for_timeout(10)  # let Playwright deliver the intercepted request
+        for _ in range(1000):  # let Playwright deliver the intercepted request (10 s at most)
+            if held:
+                break
+            page.wait_for_timeout(10)
+        assert held, "the sign-in request never reached the route"
         page.fill("#signin-key", ADMIN_KEY)
         held.pop().continue_()
         page.unroute("**/api/session")
