@@ -12,7 +12,7 @@ Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` un
     body_received                    request body fully read
     auth_done                        key checked, tenant known
     routed                           body parsed, route chosen, cache looked up
-    upstream_sent       [US_TX_BEG]  the request's last byte written to the upstream socket
+    upstream_sent       [US_TX_BEG]  right before the request's last write to the upstream socket
     upstream_first_byte [US_RX_BEG]  the answer's first byte read from the upstream socket
     upstream_done       [US_RX_END]  its last byte read (or the stream ended)
     client_first_byte   [DS_TX_BEG]  response headers handed to the client transport

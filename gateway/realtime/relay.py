@@ -63,6 +63,8 @@ from gateway.types import Receive, Send
 
 #: observes one message's overhead (seconds)
 Observe = Callable[[float], None]
+#: a text message written, with the time the session's responses count it at
+OnText = Callable[[bytes, float], None]
 
 #: by whom a session ended
 BY_CLIENT = "client"
@@ -90,17 +92,67 @@ class End:
         self.reason = reason
 
 
+class Flow:
+    """One direction's bookkeeping, written once for the direct path and the pumps: each
+    message written is counted, its overhead (read → written) summed, maxed and observed, and a
+    text message shown to the session's responses (client → upstream at its read time, the
+    time a ``response.create`` was sent; upstream → client at its write time, the time TTFT
+    counts)."""
+
+    __slots__ = ("at_write", "max", "messages", "observe", "on_text", "overhead")
+
+    def __init__(self, observe: Observe, on_text: OnText, *, at_write: bool) -> None:
+        self.messages = 0
+        #: summed and largest per-message overhead (s)
+        self.overhead = self.max = 0.0
+        self.observe = observe
+        self.on_text = on_text
+        self.at_write = at_write
+
+    def wrote(self, data: bytes, text: bool, read_at: float, written: float) -> None:
+        self.messages += 1
+        overhead = written - read_at
+        self.overhead += overhead
+        if overhead > self.max:
+            self.max = overhead
+        self.observe(overhead)
+        if text:
+            self.on_text(data, written if self.at_write else read_at)
+
+
 class Stats:
-    """Counters of one session, written by the pumps."""
+    """Counters of one session: the two directions' :class:`Flow`."""
 
-    __slots__ = ("max_in", "max_out", "messages_in", "messages_out", "overhead_in", "overhead_out")
+    __slots__ = ("inbound", "outbound")
 
-    def __init__(self) -> None:
-        self.messages_in = 0
-        self.messages_out = 0
-        #: summed and largest per-message overhead (s), client→upstream and upstream→client
-        self.overhead_in = self.overhead_out = 0.0
-        self.max_in = self.max_out = 0.0
+    def __init__(self, inbound: Flow, outbound: Flow) -> None:
+        #: client → upstream, upstream → client
+        self.inbound = inbound
+        self.outbound = outbound
+
+    @property
+    def messages_in(self) -> int:
+        return self.inbound.messages
+
+    @property
+    def messages_out(self) -> int:
+        return self.outbound.messages
+
+    @property
+    def overhead_in(self) -> float:
+        return self.inbound.overhead
+
+    @property
+    def overhead_out(self) -> float:
+        return self.outbound.overhead
+
+    @property
+    def max_in(self) -> float:
+        return self.inbound.max
+
+    @property
+    def max_out(self) -> float:
+        return self.outbound.max
 
 
 def _nothing(_seconds: float) -> None:
@@ -119,33 +171,36 @@ class _DirectPath:
     """A :class:`Relay`'s direct path (see the module): each message written to the other side
     in the read callback that completed it."""
 
-    __slots__ = ("_client", "_direct_up", "_last", "_queued_in", "_write_client", "_write_up")
+    __slots__ = (
+        "_client",
+        "_direct_up",
+        "_last",
+        "_queued_in",
+        "_server_end",
+        "_write_client",
+        "_write_up",
+    )
     _client: RealtimeWebSocketProtocol | None
+    _server_end: RealtimeWebSocketProtocol | None
     _direct_up: WebSocketsSocket | None
     _last: float
     _queued_in: int
     _write_up: Write
     _write_client: Write
     # the Relay's, as the direct path uses them
-    _receive: Receive
-    _send: Send
     _up: UpstreamSocket
     _max_bytes: int
-    _observe_in: Observe
-    _observe_out: Observe
-    _responses: Responses
     stats: Stats
 
     def _attach(self) -> None:
         """Both ends are sockets this process reads (the server's protocol, the ``websockets``
-        client): each message is offered to the other side as it is read."""
-        client: object = getattr(self._receive, "__self__", None)
+        client): each message is offered to the other side as it is read. The server's end is
+        the one its protocol offered in ``websocket.connect`` (:data:`CLIENT_END`)."""
+        client = self._server_end
         up = self._up
         if not isinstance(up, WebSocketsSocket):
             return  # a mock:// upstream: the pumps relay every message
-        if getattr(self._send, "__self__", None) is not client:
-            return  # a server wrapping receive or send (uvicorn's trace logging): the pumps
-        if not isinstance(client, RealtimeWebSocketProtocol):
+        if client is None:
             return  # another server: the pumps, likewise
         #: client messages queued for receive() before now (the pump writes them first)
         self._queued_in = client.queue.qsize()
@@ -156,15 +211,22 @@ class _DirectPath:
         self._client = client
         self._direct_up = up
 
+    @property
+    def server_end(self) -> RealtimeWebSocketProtocol | None:
+        """The server's end of the client connection its protocol offered (None: none)."""
+        return self._server_end
+
+    @property
+    def direct(self) -> bool:
+        """Whether the direct path is attached (both ends this process's sockets)."""
+        return self._client is not None
+
     def _detach(self) -> None:
         client, up = self._client, self._direct_up
         if client is not None:
             client.relay = None
         if up is not None:
             up.attach(None)
-
-    # each one Python frame per message (the write aside): what Relay._wrote_in / _wrote_out
-    # do for the pumps is written out again here
 
     def _take_in(self, data: bytes, text: bool, read_at: float) -> bool:
         """A client message, in the read that completed it: written upstream now, unless a
@@ -178,16 +240,8 @@ class _DirectPath:
         ):
             self._queued_in += 1
             return False
-        written = self._last = perf_counter()
-        stats = self.stats
-        stats.messages_in += 1
-        overhead = written - read_at
-        stats.overhead_in += overhead
-        if overhead > stats.max_in:
-            stats.max_in = overhead
-        self._observe_in(overhead)
-        if text:
-            self._responses.client_message(data, read_at)
+        self._last = written = perf_counter()
+        self.stats.inbound.wrote(data, text, read_at, written)
         return True
 
     def _take_out(self, data: bytes, text: bool, read_at: float) -> bool:
@@ -196,16 +250,8 @@ class _DirectPath:
         pump, after every message queued before it)."""
         if (text and not data.isascii() and not _utf8(data)) or not self._write_client(data, text):
             return False
-        written = self._last = perf_counter()
-        stats = self.stats
-        stats.messages_out += 1
-        overhead = written - read_at
-        stats.overhead_out += overhead
-        if overhead > stats.max_out:
-            stats.max_out = overhead
-        self._observe_out(overhead)
-        if text:
-            self._responses.upstream_message(data, written)
+        self._last = written = perf_counter()
+        self.stats.outbound.wrote(data, text, read_at, written)
         return True
 
 
@@ -215,10 +261,7 @@ class Relay(_DirectPath):
         "_idle_s",
         "_idle_timer",
         "_max_bytes",
-        "_observe_in",
-        "_observe_out",
         "_receive",
-        "_responses",
         "_send",
         "_session_s",
         "_stop",
@@ -238,22 +281,26 @@ class Relay(_DirectPath):
         max_session_s: float,
         observe_in: Observe = _nothing,
         observe_out: Observe = _nothing,
+        server_end: RealtimeWebSocketProtocol | None = None,
     ) -> None:
         self._receive = receive
+        #: the server's end of the client connection, as its protocol offered it (None: the
+        #: pumps relay every client message)
+        self._server_end = server_end
         self._send = send
         self._up = upstream
-        self._responses = responses
         self._max_bytes = max_message_bytes
         self._idle_s = idle_timeout_s
         self._session_s = max_session_s
-        self._observe_in = observe_in
-        self._observe_out = observe_out
         self._last = time.perf_counter()
         self._stop: asyncio.Future[End] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         #: the client's side is closed already (its close echoed, or it vanished)
         self._client_closed = False
-        self.stats = Stats()
+        self.stats = Stats(
+            Flow(observe_in, responses.client_message, at_write=False),
+            Flow(observe_out, responses.upstream_message, at_write=True),
+        )
         #: the direct path's ends (None: the pumps relay every message)
         self._client: RealtimeWebSocketProtocol | None = None
         self._direct_up: WebSocketsSocket | None = None
@@ -261,34 +308,6 @@ class Relay(_DirectPath):
         #: the direct path's writes: (message, is text) -> False when not written now
         self._write_up: Write = _not_now
         self._write_client: Write = _not_now
-
-    # ------------------------------------------------------------ each message written
-
-    def _wrote_in(self, data: bytes, text: bool, read_at: float) -> None:
-        """A client message was written upstream."""
-        written = self._last = time.perf_counter()
-        stats = self.stats
-        stats.messages_in += 1
-        overhead = written - read_at
-        stats.overhead_in += overhead
-        if overhead > stats.max_in:
-            stats.max_in = overhead
-        self._observe_in(overhead)
-        if text:
-            self._responses.client_message(data, read_at)
-
-    def _wrote_out(self, data: bytes, text: bool, read_at: float) -> None:
-        """An upstream message was written to the client."""
-        written = self._last = time.perf_counter()
-        stats = self.stats
-        stats.messages_out += 1
-        overhead = written - read_at
-        stats.overhead_out += overhead
-        if overhead > stats.max_out:
-            stats.max_out = overhead
-        self._observe_out(overhead)
-        if text:
-            self._responses.upstream_message(data, written)
 
     # ------------------------------------------------------------ the pumps
 
@@ -314,7 +333,8 @@ class Relay(_DirectPath):
                 return _upstream_end(exc)
             if self._queued_in:
                 self._queued_in -= 1
-            self._wrote_in(data, text is not None, read_at)
+            self._last = written = time.perf_counter()
+            self.stats.inbound.wrote(data, text is not None, read_at, written)
 
     async def _from_upstream(self) -> End:
         """Upstream messages ``recv()`` has (all of them without the direct path), and the
@@ -335,10 +355,11 @@ class Relay(_DirectPath):
                 self._client_closed = True
                 return End(BY_CLIENT, 1006, "")
             up.relayed()
+            self._last = written = time.perf_counter()
             if isinstance(message, str):
-                self._wrote_out(message.encode(), True, read_at)
+                self.stats.outbound.wrote(message.encode(), True, read_at, written)
             else:
-                self._wrote_out(message, False, read_at)
+                self.stats.outbound.wrote(message, False, read_at, written)
 
     # ------------------------------------------------------------ the limits
 
@@ -434,6 +455,7 @@ __all__ = [
     "BY_SHUTDOWN",
     "BY_UPSTREAM",
     "End",
+    "Flow",
     "Relay",
     "Stats",
     "sendable",

@@ -58,6 +58,10 @@ READ_AT = "gateway.read_at"
 
 #: the relay's hook: (message, is text, read at) -> True when it took (wrote) the message
 Take = Callable[[bytes, bool, float], bool]
+#: the key of the server's own end of the connection in ``websocket.connect``: the protocol
+#: offers itself, and a session registers its relay's direct path (:attr:`relay`) and its
+#: drain (:attr:`drain`) there — no probing of ``receive.__self__``
+CLIENT_END = "gateway.client_end"
 
 
 class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -170,7 +174,8 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
             message[READ_AT] = self.read_at
         elif message["type"] == "websocket.connect":
             message[RECEIVED_AT] = self.received_at
+            message[CLIENT_END] = self
         return cast(ASGIReceiveEvent, message)
 
 
-__all__ = ["READ_AT", "RealtimeWebSocketProtocol", "Take"]
+__all__ = ["CLIENT_END", "READ_AT", "RealtimeWebSocketProtocol", "Take"]

@@ -45,13 +45,13 @@ from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.events import ModelResponse, OnDone, Responses
 from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
-from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
+from gateway.realtime.server_protocol import CLIENT_END, RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
 from gateway.realtime.upstream import Handshake, UpstreamSocket
 from gateway.runtime import Runtime
 from gateway.telemetry.logs import line
 from gateway.telemetry.server_timing import edge_intervals
-from gateway.types import Receive, Scope, Send
+from gateway.types import Message, Receive, Scope, Send
 from gateway.writer import ResponseWriter
 
 log = logging.getLogger("gateway")
@@ -223,6 +223,13 @@ class LiveSession:
         }
 
 
+def _server_end(connect: Message) -> RealtimeWebSocketProtocol | None:
+    """The gateway's own server offers its end of the connection in ``websocket.connect``: the
+    relay's direct path and the session's drain register there."""
+    end = connect.get(CLIENT_END)
+    return end if isinstance(end, RealtimeWebSocketProtocol) else None
+
+
 class Realtime:
     """``GET /v1/realtime`` of one runtime: sessions, each in its own context."""
 
@@ -288,8 +295,9 @@ class Realtime:
                 max_session_s=self.config.max_session_s,
                 observe_in=self._observe_in,
                 observe_out=self._observe_out,
+                server_end=_server_end(connect),
             )
-            live.attach(relay, rt, getattr(receive, "__self__", None))
+            live.attach(relay, rt, relay.server_end)
             end = await relay.run()
         except GatewayError as exc:
             ctx.answer.error = exc

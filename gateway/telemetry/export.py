@@ -840,7 +840,9 @@ class SpanQueue:
             self.dropped += len(spans) - max(room, 0)
             spans = spans[: max(room, 0)]
         q.extend(spans)
-        if len(q) >= self._max_batch:
+        # set once per batch, not on every put until the worker runs: Event.set takes a lock
+        # and notifies (issue 32)
+        if len(q) >= self._max_batch and not self._wake.is_set():
             self._wake.set()
 
     def _run(self) -> None:

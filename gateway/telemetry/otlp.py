@@ -117,6 +117,14 @@ def float_attr(k: str, v: float) -> bytes:
     return prefix + _pack_d(v)
 
 
+def int_attr(k: str, v: int) -> bytes:
+    """A high-cardinality int attribute (byte counts, tokens): not memoised — a memo of values
+    that rarely repeat only churns (issue 32)."""
+    av = b"\x18" + varint(v & 0xFFFFFFFFFFFFFFFF)
+    body = _key(k) + b"\x12" + varint(len(av)) + av
+    return b"\x4a" + varint(len(body)) + body
+
+
 def str_attr(k: str, v: str) -> bytes:
     """A high-cardinality string attribute (ids)."""
     vb = v.encode("utf-8", "surrogatepass")

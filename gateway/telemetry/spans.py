@@ -25,8 +25,11 @@ _a = otlp.attr
 _s = otlp.stable_attr
 _f = otlp.float_attr
 _str = otlp.str_attr
+_i = otlp.int_attr
 #: sampled (W3C flag 01) + "parent is local" for every span but the root
 _FLAGS = otlp.FLAG_HAS_IS_REMOTE | 0x01
+#: the status + flags of every span without an error: encoded once
+_TAIL = otlp.tail(otlp.STATUS_UNSET, _FLAGS)
 _ZERO_ID = bytes(8)
 _GROUPS: dict[tuple[Any, ...], bytes] = {}
 _ROOT_NAMES = (
@@ -130,7 +133,7 @@ class _Tree:
         self.head = otlp.span_head(trace.trace_id.to_bytes(16, "big"))
         self.root_id = trace.root_span_id.to_bytes(8, "big")
         self.under_root = otlp.parent_field(self.root_id)
-        self.tail = otlp.tail(otlp.STATUS_UNSET, _FLAGS)
+        self.tail = _TAIL
 
     def ns(self, t: float) -> int:
         return self.wall + int((t - self.received) * 1e9)
@@ -218,7 +221,7 @@ def _router_spans(tree: _Tree, index: int, cache_backend: str) -> list[bytes]:
     if t.body_received is not None:
         attrs.append(_f("gateway.body_read_ms", _ms(t.body_received - t.auth_done)))
     if call is not None:
-        attrs.append(_s("gateway.request.body_bytes", len(call.body)))
+        attrs.append(_i("gateway.request.body_bytes", len(call.body)))
         attrs.extend(_a(f"gateway.{key}", value) for key, value in call.policies.items())
     spans = [
         otlp.span_fast(
@@ -257,7 +260,7 @@ def _cache_span(
     if outcome.error:
         attrs.append(_s("error.type", "cache_unavailable"))
     if outcome.stored is not None and name == "cache store":
-        attrs.append(_s("gateway.cache.entry_bytes", outcome.stored))
+        attrs.append(_i("gateway.cache.entry_bytes", outcome.stored))
     status = otlp.STATUS_ERROR if outcome.error else otlp.STATUS_UNSET
     return otlp.span_fast(
         tree.head,
@@ -399,17 +402,29 @@ def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
     if answer.response_id:
         attrs.append(_str("gen_ai.response.id", answer.response_id))
     if answer.finish_reasons:
-        attrs.append(_a("gen_ai.response.finish_reasons", list(answer.finish_reasons)))
+        attrs.append(_finish_reasons(tuple(answer.finish_reasons)))
     first = ctx.timeline.first_content
     if first is not None:
         attrs.append(_f("gen_ai.response.time_to_first_chunk", round(first - attempt.start, 6)))
     if answer.input_tokens is not None:
-        attrs.append(_s("gen_ai.usage.input_tokens", answer.input_tokens))
+        attrs.append(_i("gen_ai.usage.input_tokens", answer.input_tokens))
     if answer.output_tokens is not None:
-        attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
+        attrs.append(_i("gen_ai.usage.output_tokens", answer.output_tokens))
     if answer.captured is not None:
         attrs.extend(_content_attrs(ctx))
     return attrs
+
+
+_REASONS: dict[tuple[str, ...], bytes] = {}
+
+
+def _finish_reasons(reasons: tuple[str, ...]) -> bytes:
+    """``gen_ai.response.finish_reasons``, memoised: a handful of values ("stop", …)."""
+    got = _REASONS.get(reasons)
+    if got is None:
+        got = _a("gen_ai.response.finish_reasons", list(reasons))
+        got = remember(_REASONS, reasons, got, 256)
+    return got
 
 
 def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> bytes:
@@ -480,9 +495,9 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
     if ttft is not None:
         attrs.append(_f("gateway.ttft_ms", _ms(ttft)))
     if answer.input_tokens is not None:
-        attrs.append(_s("gen_ai.usage.input_tokens", answer.input_tokens))
+        attrs.append(_i("gen_ai.usage.input_tokens", answer.input_tokens))
     if answer.output_tokens is not None:
-        attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
+        attrs.append(_i("gen_ai.usage.output_tokens", answer.output_tokens))
     usd = cost(ctx)  # docs/spec.md §20: from the same usage record
     if usd is not None:
         attrs.append(_f("gateway.cost_usd", usd))

@@ -339,7 +339,7 @@ class H1Response:
         self.status = ex.status
         self.headers = ex.headers
         #: socket times (perf_counter): the attempt's start at the socket (connecting began on
-        #: a new connection, else = sent_at); the request's last byte handed to the socket
+        #: a new connection, else = sent_at); right before the request's last write to the socket
         self.started_at = started_at
         self.sent_at = sent_at
 
@@ -447,12 +447,16 @@ class H1Transport:
         transport = conn.transport
         assert transport is not None
         try:
+            # sent_at is stamped before the last write, not after it (issue 32): with the
+            # upstream on the same host the write wakes it, and the scheduler may run its whole
+            # handler before this process resumes — a stamp taken after the write would book
+            # the upstream's work as the gateway's overhead
             if body is None or isinstance(body, bytes):
+                sent_at = time.perf_counter()
                 transport.write(head + body if body else head)
             else:
                 transport.write(head)
-                await self._stream_body(conn, body)
-            sent_at = time.perf_counter()
+                sent_at = await self._stream_body(conn, body)
             reading = conn.reading
             reading.start()
             try:
@@ -491,7 +495,8 @@ class H1Transport:
             raise _crlf()
         return head.encode("latin-1")
 
-    async def _stream_body(self, conn: _Connection, body: AsyncIterable[bytes]) -> None:
+    async def _stream_body(self, conn: _Connection, body: AsyncIterable[bytes]) -> float:
+        """Write a body chunked; the time right before its last write (the terminator)."""
         transport = conn.transport
         assert transport is not None
         async for chunk in body:
@@ -500,7 +505,9 @@ class H1Transport:
                 await conn.drain()
             if conn.state is _CLOSED:
                 raise UpstreamError("upstream closed the connection", code="upstream_disconnected")
+        sent_at = time.perf_counter()
         transport.write(b"0\r\n\r\n")
+        return sent_at
 
     # ------------------------------------------------------------ the pool
 

@@ -55,6 +55,26 @@ def test_paced_deltas_reach_the_client_as_paced_not_batched(gateway, realtime_up
         assert arrived[i] < seen.sent_at[i + 1], f"delta {i} was held back"
 
 
+def test_the_relay_takes_the_direct_path_the_server_protocol_offers(gateway, realtime_upstream):
+    """The server's protocol offers its end in ``websocket.connect`` and the relay registers
+    its direct path there (issue 32): were the offer lost, the pumps would still relay every
+    message, only slower — so the test looks at the open session itself."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url))
+    assert gw.app.runtime is not None
+    sessions = gw.app.runtime.sessions
+
+    async def main() -> list[bool]:
+        async with connect(ws_url(gw, "echo"), open_timeout=10) as ws:
+            await ws.recv()
+            await ws.send('{"type":"x"}')
+            assert await ws.recv() == '{"type":"x"}'
+            return [s.relay is not None and s.relay.direct for s in list(sessions.values())]
+
+    assert run(main()) == [True]
+    up.wait_ended()
+
+
 def test_text_and_binary_both_ways_in_order(gateway, realtime_upstream):
     up = realtime_upstream()
     gw = gateway(config_for(up.url))

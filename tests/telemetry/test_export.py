@@ -726,3 +726,11 @@ def test_console_exporter_prints_one_json_line_per_span():
 
 def test_settings_dataclass_defaults_are_the_configs():
     assert OTLPSettings(protocol="grpc", endpoint="x").timeout_s == TracingConfig().export_timeout_s
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300_000, 2**40, -1])
+def test_int_attr_is_attrs_wire_format_without_the_memo(value):
+    """Token and byte counts are encoded per request (issue 32), exactly as :func:`otlp.attr`."""
+    assert otlp.int_attr("gen_ai.usage.input_tokens", value) == otlp.attr(
+        "gen_ai.usage.input_tokens", value
+    )

@@ -400,3 +400,49 @@ def test_a_kept_alive_connection_times_each_wait_from_its_own_start(scripted):
 
     run(main)
     assert up.connections == 1
+
+
+class _WriteWakesTheUpstream:
+    """A socket transport whose write takes a while, as when the write syscall wakes an
+    upstream on the same host and the scheduler runs its whole handler before the writer
+    resumes (issue 32): the time of that write is the upstream's, not the gateway's."""
+
+    def __init__(self, inner: Any, takes_s: float) -> None:
+        self._inner = inner
+        self._takes_s = takes_s
+        self.write_began: list[float] = []
+
+    def write(self, data: bytes) -> None:
+        self.write_began.append(time.perf_counter())
+        self._inner.write(data)
+        time.sleep(self._takes_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["bytes", "chunked"])
+def test_sent_at_is_stamped_before_the_last_write_not_after_it(scripted, streamed: bool):
+    up = scripted(answering(b"{}"))
+    t = transport(up.url)
+    takes_s = 0.05
+
+    async def chunks():
+        yield b"{"
+        yield b"}"
+
+    async def main() -> None:
+        assert await body_of(await t.request("GET", up.url + "/models", [], None)) == b"{}"
+        (conn,) = t._idle
+        slow = conn.transport = _WriteWakesTheUpstream(conn.transport, takes_s)
+        resp = await t.request("POST", up.url + "/x", [], chunks() if streamed else b"{}")
+        assert await body_of(resp) == b"{}"
+        last_write = slow.write_began[-1]
+        # the write's time is inside the attempt's window: booked as the upstream's
+        assert resp.started_at == resp.sent_at <= last_write
+        assert resp.first_byte_at is not None
+        assert resp.first_byte_at - resp.sent_at >= takes_s
+        await t.aclose()
+
+    run(main)
+    assert up.connections == 1

@@ -704,12 +704,14 @@
   $("signin-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const key = $("signin-key").value.trim();
+    // cleared now, not when the answer comes: a late answer (a loaded machine) would wipe a
+    // key typed meanwhile, and the next submit of the empty required field would do nothing
+    $("signin-key").value = "";
     const r = await fetch("api/session", {
       method: "POST",
       credentials: "same-origin",
       headers: { Authorization: "Bearer " + key },
     });
-    $("signin-key").value = "";
     if (r.ok) load();
     else $("signin-message").textContent = await errorMessage(r);
   });
