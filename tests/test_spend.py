@@ -9,6 +9,7 @@ test chooses (tests/spend_support.py), so every cost below is worked out by the 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import socket
 import threading
 import time
@@ -686,42 +687,55 @@ def test_the_example_prices_match_the_more_specific_pattern_first(model, prices)
     assert (price.input, price.cached_input, price.cache_write, price.output) == prices
 
 
-def test_a_soak_through_redis_stalls_ends_with_the_ledger_equal_to_the_priced_lines(usage, lines):
+def test_a_soak_through_redis_stalls_ends_with_the_ledger_equal_to_the_priced_lines(
+    usage, lines, caplog
+):
     """Two replicas on one Redis that stalls (``DEBUG SLEEP``) twice while priced requests run
-    concurrently: admissions and settlements time out (100 ms), run late in Redis, are counted
-    per process and replayed. At the end Redis has spent exactly what the access log priced,
-    and nothing is left reserved."""
+    concurrently the whole time: admissions and settlements time out (100 ms), run late in
+    Redis, are counted per process and replayed. At the end Redis has spent exactly what the
+    access log priced, and nothing is left reserved."""
     usage.figures, usage.hold = CHEAP, None
+    caplog.set_level(logging.WARNING, "gateway.auth")
     with RedisServer(extra_args=("--enable-debug-command", "local")) as redis:
         extra = f'redis_url = "{redis.url}"\ntimeout_ms = 100'
         toml = keys_toml(usage.url, extra=extra, key_a="budget_usd = 100.0")
         one = GatewayServer(gateway_config(toml)).start()  # type: ignore[attr-defined]
         two = GatewayServer(gateway_config(toml)).start()  # type: ignore[attr-defined]
         try:
-            stop = threading.Event()
+            done = threading.Event()
 
             def stalls() -> None:
-                for _ in range(2):
-                    if stop.wait(0.3):
-                        return
-                    with socket.create_connection(("127.0.0.1", redis.port), 5) as sock:
-                        sock.sendall(b"DEBUG SLEEP 0.5\r\n")
-                        sock.recv(16)  # +OK when the sleep is over
+                try:
+                    for _ in range(2):
+                        time.sleep(0.3)
+                        with socket.create_connection(("127.0.0.1", redis.port), 5) as sock:
+                            sock.sendall(b"DEBUG SLEEP 0.5\r\n")
+                            sock.recv(16)  # +OK when the sleep is over
+                    time.sleep(0.3)
+                finally:
+                    done.set()
+
+            def client(n: int) -> list[int]:
+                codes = []
+                for _ in range(150):  # bounded; until the stalls are over
+                    codes.append(post((one, two)[n % 2], KEY_A).status_code)
+                    if done.is_set():
+                        break
+                return codes
 
             staller = threading.Thread(target=stalls)
             staller.start()
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
-                codes = list(
-                    pool.map(lambda i: post((one, two)[i % 2], KEY_A).status_code, range(60))
-                )
-            stop.set()
+                codes = [c for cs in pool.map(client, range(6)) for c in cs]
             staller.join()
             for gw in (one, two):  # traffic after the faults: each replica replays its ledger
                 assert post(gw, KEY_A).status_code == 200
-            assert codes == [200] * 60
-            priced = lines.wait(62)
+            assert set(codes) == {200}
+            faults = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
+            assert faults, "no request met a stalled Redis"
+            priced = lines.wait(len(codes) + 2)
             charged = sum(round(line["cost_usd"] * 1e9) for line in priced)
-            assert charged == 62 * SPENT
+            assert charged == (len(codes) + 2) * SPENT
             name = ("gateway:spend:v1:{team-a}:key:" + digest(KEY_A)[:32]).encode()
             deadline = time.monotonic() + 10
             while True:  # the last replays may still be on their way

@@ -65,6 +65,8 @@ from gateway.hops.reservations import (
     RESERVED,
     SETTLE,
     SETTLE_LUA,
+    SETTLED,
+    SETTLED_TTL_S,
     member,
     step,
 )
@@ -77,6 +79,7 @@ WINDOW_S: Final = 60.0
 #: a budget's sorted set of reservations (by lease expiry) is named after it with this suffix
 LEASES: Final = ":leases"
 _REC: Final = b"%d" % RECORD_TTL_S
+_SETTLED: Final = b"%d" % SETTLED_TTL_S
 #: seconds between two replays of the ledger while Redis does not confirm it
 _RETRY_S: Final = 1.0
 #: seconds a request refused only because of other requests' reservations is told to wait
@@ -366,6 +369,9 @@ class MemoryLimits:
         self._spend: dict[str, _State] = {}
         #: request id -> [state, cost, tokens, {budget id: period start}]
         self._records: dict[str, list[Any]] = {}
+        #: ids settled lately (bounded), so a replay or a late admission does nothing; live
+        #: records are never evicted (there are as many as requests in flight)
+        self._settled: dict[str, bool] = {}
 
     def _budget(self, b: Budget, now: float) -> _State:
         """The budget's state in the current period, its expired leases released (EXPIRE)."""
@@ -393,8 +399,8 @@ class MemoryLimits:
         return state
 
     def admit_now(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
-        if rid and rid in self._records:  # admitted (or settled) before: nothing again
-            step(self._records[rid][0], ADMIT)
+        if rid and (rid in self._records or rid in self._settled):  # admitted or settled before
+            step(self._records[rid][0] if rid in self._records else SETTLED, ADMIT)
             return Verdict(True)
         left: int | None = None
         states = []
@@ -442,7 +448,7 @@ class MemoryLimits:
                 state.reserved += cost
                 state.held[rid] = (cost, state.start, expiry)
         record = [step(None, ADMIT)[0], cost, tokens, made]
-        remember(self._records, rid, record, _MEMORY_MAX)
+        self._records[rid] = record
 
     def hold(self, a: Allowance, rid: str, cost: int) -> None:
         """Count a reservation the shared store made for this process's request here too: a
@@ -464,8 +470,9 @@ class MemoryLimits:
                 state.held[rid] = (entry[0], entry[1], expiry)
 
     def settle_now(self, a: Allowance, spent: Spent) -> None:
-        record = self._records.get(spent.rid) if spent.rid else None
-        state_was = record[0] if record is not None else None
+        record = self._records.pop(spent.rid, None) if spent.rid else None
+        settled = spent.rid in self._settled
+        state_was = record[0] if record is not None else (SETTLED if settled else None)
         new, release, spend, _ = step(state_was, SETTLE)
         if not (release or spend):
             return  # settled before: at most once
@@ -482,17 +489,15 @@ class MemoryLimits:
             for b in a.budgets:
                 state = self._budget(b, now)
                 made = record[3].get(b.id, state.start) if record is not None else state.start
-                entry = state.held.pop(spent.rid, None) if release else None
+                entry = state.held.pop(spent.rid, None)  # (an expired lease is gone already)
                 if entry is not None and made == state.start:
                     state.reserved -= entry[0]
                 if made == state.pstart and made != state.start:
                     state.pspent += spent.cost
                 else:
                     state.spent += spent.cost
-        if record is not None:
-            record[0] = new
-        elif spent.rid:  # a late admission of it reserves nothing (as the scripts' record)
-            remember(self._records, spent.rid, [new, 0, 0, {}], _MEMORY_MAX)
+        if spent.rid:  # a late admission of it reserves nothing (as the scripts' record)
+            remember(self._settled, spent.rid, new == SETTLED, _MEMORY_MAX)
 
     def observe(self, b: Budget, start: int, spent: int) -> None:
         """What the shared store says a budget has spent (where a fallback starts from)."""
@@ -600,6 +605,10 @@ class RedisLimits:
         args = (self._ttl, *a.head, b"%d" % tokens, b"%d" % cost, *a.tail, rid.encode(), _REC)
         try:
             reply = await self._guard.call(lambda: self._admit(self._keys(a, rid), args))
+        except asyncio.CancelledError:
+            if metered:  # it may have run: its release waits in the ledger
+                self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
+            raise
         except LimitsUnavailable as exc:
             verdict = self.local.admit_now(a, tokens, cost, rid)
             if metered and exc.maybe_ran and not verdict.allowed:
@@ -665,7 +674,7 @@ class RedisLimits:
     def _settle_args(self, a: Allowance, rid: str, spent: Spent) -> tuple[bytes, ...]:
         codes = tuple(b"%d" % b.code if b else b"-1" for b in (a.key_budget, a.tenant_budget))
         return (self._ttl, a.head[1], b"%d" % spent.tokens, b"%d" % spent.cost, *codes,
-                rid.encode(), _REC)  # fmt: skip
+                rid.encode(), _SETTLED)  # fmt: skip
 
     def _owe(self, a: Allowance, rid: str, spent: Spent) -> None:
         """Keep a settlement Redis did not confirm, to replay (at most once) when it answers."""
@@ -755,7 +764,7 @@ class RedisLimits:
         return out, True
 
     async def aclose(self) -> None:
-        for task in (self._renewing, self._flushing):
+        for task in (self._renewing, self._flushing, *self._tasks):
             if task is not None:
                 task.cancel()
         if self._ledger:  # a last chance for what Redis missed (bounded: shutdown goes on)
@@ -764,7 +773,8 @@ class RedisLimits:
                     await self._flush()
             if self._ledger:
                 log.error(
-                    "rate limits: %d settlements Redis never confirmed are lost at shutdown",
+                    "rate limits: %d settlements Redis did not confirm at shutdown (each may "
+                    "or may not have run there)",
                     len(self._ledger),
                 )
         await close_quietly(self._client, log, "rate limit")

@@ -67,8 +67,11 @@ def step(state: str | None, event: str) -> tuple[str, bool, bool, bool]:
 
 #: a reservation's lease: one not renewed for this long is released (its replica died)
 RESERVE_TTL_S: Final = 60
-#: how long a settled request's record is kept, so a late replay of it is recognised
+#: how long an admitted request's record is kept (its request may stream that long)
 RECORD_TTL_S: Final = 2 * 86400
+#: how long a settled request's record is kept, so a late replay of it is recognised: replays
+#: follow Redis's return within seconds (the ledger retries every second)
+SETTLED_TTL_S: Final = 3600
 
 
 def member(rid: str, cost: int, start: int) -> str:
@@ -122,12 +125,16 @@ local function bounds(code)
   return start * 86400, from_civil(y, m, 1) * 86400
 end
 local function load(key, zkey, code)
-  local h = redis.call('HMGET', key, 's', 'p', 'r', 'q', 'o')
+  local h = redis.call('HMGET', key, 's', 'p', 'r', 'q', 'o', 'u')
   local start, reset = bounds(code)
   local b = {key = key, z = zkey, start = start, reset = reset,
     spent = tonumber(h[2]) or 0, reserved = tonumber(h[3]) or 0,
     pstart = tonumber(h[4]) or -1, pspent = tonumber(h[5]) or 0}
   local s = tonumber(h[1])
+  if h[6] then  -- written by the release before reservations had leases: its sum is dropped
+    b.reserved = 0
+    redis.call('HDEL', key, 'u')
+  end
   if s ~= start then
     if s then b.pstart, b.pspent = s, b.spent end
     b.spent, b.reserved = 0, 0
@@ -141,7 +148,7 @@ local function load(key, zkey, code)
   return b
 end
 local function save(b)
-  redis.call('HSET', b.key, 's', b.start, 'p', fmt(b.spent), 'r', fmt(math.max(b.reserved, 0)),
+  redis.call('HSET', b.key, 's', b.start, 'p', fmt(b.spent), 'r', fmt(b.reserved),
     'q', b.pstart, 'o', fmt(b.pspent))
   if b.reset > 0 then redis.call('EXPIREAT', b.key, b.reset + 86400) end
 end
@@ -229,7 +236,6 @@ if by == 0 then
       if b then
         b.reserved = b.reserved + cost
         redis.call('ZADD', b.z, now_s + ttl, rid .. '|' .. fmt(cost) .. '|' .. fmt(b.start))
-        redis.call('EXPIRE', b.z, 2 * ttl)
       end
     end
   end
@@ -314,7 +320,6 @@ for i, z in ipairs(KEYS) do
   local m = ARGV[i + 1]
   if m ~= '' then
     n = n + redis.call('ZADD', z, 'XX', 'CH', now_s + ttl, m)
-    redis.call('EXPIRE', z, 2 * ttl)
   end
 end
 return n
@@ -351,6 +356,7 @@ __all__ = [
     "RESERVE_TTL_S",
     "SETTLE",
     "SETTLED",
+    "SETTLED_TTL_S",
     "SETTLE_LUA",
     "TRANSITIONS",
     "member",

@@ -333,3 +333,82 @@ def test_the_scripts_and_the_memory_store_follow_one_table(shared_redis, ops):
     for same, row in asyncio.run(scenario()):
         assert same
         assert row[:4] == row[4:]
+
+
+def test_a_dead_replicas_reservation_is_released_after_the_budget_was_idle(redis):
+    """Nothing touches the budget for longer than the lease (and longer than any expiry a
+    lease set could have had): the next touch still sweeps the dead one's lease."""
+    a = allowance()
+
+    async def scenario() -> None:
+        dead = RedisLimits(redis.url, 500, reserve_ttl_s=2)
+        live = RedisLimits(redis.url, 500, reserve_ttl_s=2)
+        try:
+            assert (await dead.admit(a, 0, 3 * USD // 10, "dead-1")).allowed
+            if dead._renewing is not None:
+                dead._renewing.cancel()
+            await asyncio.sleep(4.5)
+            rows, _ = await live.report([a.key_budget])
+            assert rows[0][1:3] == (0, 0)
+            assert (await live.admit(a, 0, 8 * USD // 10, "next")).allowed
+        finally:
+            await live.aclose()
+            await dead._client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_long_request_survives_any_number_of_settled_ones_in_one_process():
+    """The settled ids this store remembers are bounded; the live ones are never evicted."""
+    limits = MemoryLimits()
+    a = allowance(key_usd=1000.0)
+    assert limits.admit_now(a, 0, USD // 10, "long").allowed
+    for i in range(100_001):
+        limits.admit_now(a, 0, 1, f"r{i}")
+        limits.settle_now(a, Spent(0, 0, 1, 1, rid=f"r{i}"))
+    limits.settle_now(a, Spent(0, 0, USD // 10, USD // 20, rid="long"))
+    assert limits.view(a.key_budget)[1:3] == (100_001 + USD // 20, 0)
+
+
+def test_a_cancelled_admission_is_released_when_redis_answers(redis):
+    """The request's task is cancelled while its admission waits for a stalled Redis (the
+    script runs when Redis wakes): its release waits in the ledger."""
+    a = allowance()
+
+    async def scenario() -> None:
+        limits = RedisLimits(redis.url, 2000, breaker=CircuitBreaker(5, 0.1))
+        try:
+            assert (await limits.admit(a, 0, 0, "warm")).allowed  # the script is loaded
+            sock = stall(redis, 1.0)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await limits.admit(a, 0, 3 * USD // 10, "cancelled")
+            assert limits.owed == 1
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if not limits.owed:
+                    break
+            sock.close()
+        finally:
+            await limits.aclose()
+
+    asyncio.run(scenario())
+    assert stored(redis, a.key_budget) == (0, 0)
+
+
+def test_a_hash_left_by_the_release_before_drops_its_bare_reserved_sum(redis):
+    a = allowance()
+    key = a.key_budget.id.encode()
+    start, _ = period_bounds(PERIOD_CODES["month"], time.time())
+    redis.command(b"HSET " + key + b" s %d p 100 r 400000000 u %d" % (start, time.time()))
+
+    async def scenario() -> None:
+        limits = RedisLimits(redis.url, 500)
+        try:
+            rows, _ = await limits.report([a.key_budget])
+            assert rows[0][1:3] == (100, 0)
+        finally:
+            await limits.aclose()
+
+    asyncio.run(scenario())
+    assert redis.command(b"HEXISTS " + key + b" u") == b":0"
