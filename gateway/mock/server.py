@@ -54,7 +54,7 @@ def create_mock_app(settings: MockSettings | None = None) -> Starlette:
             )
         return Response(base.capacity.metrics(), media_type=METRICS_TYPE)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             # the Realtime API over WebSocket (docs/spec.md §19): gateway/mock/realtime.py
             WebSocketRoute("/v1/realtime", websocket_endpoint(base)),
@@ -62,3 +62,5 @@ def create_mock_app(settings: MockSettings | None = None) -> Starlette:
             Route("/metrics", metrics, methods=["GET"]),
         ],
     )
+    app.state.objects = objects  # what tests look at
+    return app
