@@ -128,3 +128,58 @@ def done_batch(client: Any, batch_id: str) -> Any:
         return batch if batch.status == "completed" else None
 
     return until(check)
+
+
+def anthropic_pair_toml(a_url: str, b_url: str, extra: str = "") -> str:
+    """Backends ``a`` and ``b`` as ``provider = "anthropic"`` (each a mock backend), weighted
+    1:1 on a ``claude-*`` route."""
+    return f"""
+[[backends]]
+name = "a"
+url = "{a_url}/v1"
+provider = "anthropic"
+
+[[backends]]
+name = "b"
+url = "{b_url}/v1"
+provider = "anthropic"
+
+[[routes]]
+name = "claude"
+models = ["claude-*"]
+backends = ["a", "b"]
+strategy = "weighted"
+weights = [1, 1]
+{extra}
+"""
+
+
+def message_requests(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": f"req-{i}",
+            "params": {
+                "model": "claude-test",
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": f"hi {i}"}],
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def ended_batch(client: Any, batch_id: str) -> Any:
+    def check() -> Any:
+        batch = client.messages.batches.retrieve(batch_id)
+        return batch if batch.processing_status == "ended" else None
+
+    return until(check)
+
+
+def mixed_toml(a_url: str, b_url: str) -> str:
+    """Both mock backends twice: as ``provider = "anthropic"`` on a ``claude-*`` route (first),
+    and as OpenAI-compatible on a catch-all route."""
+    claude = anthropic_pair_toml(a_url, b_url).replace('name = "a"', 'name = "claude-a"')
+    claude = claude.replace('name = "b"', 'name = "claude-b"')
+    claude = claude.replace('backends = ["a", "b"]', 'backends = ["claude-a", "claude-b"]')
+    return claude + pair_toml(a_url, b_url)
