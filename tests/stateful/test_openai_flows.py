@@ -125,3 +125,19 @@ def test_vector_stores_go_where_their_files_are(client, mock_pair):
             client.vector_stores.files.create(store.id, file_id=more.id)
             assert len(client.vector_stores.files.list(store.id).data) == 2
         assert client.vector_stores.delete(store.id).deleted is True
+
+
+def test_one_call_naming_files_on_two_backends_is_a_clear_400(client, mock_pair):
+    files = [client.files.create(file=("d.txt", b"d"), purpose="assistants") for _ in range(2)]
+    assert {holder(mock_pair, f.id) for f in files} == {"a", "b"}
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.vector_stores.create(name="s", file_ids=[f.id for f in files])
+    body = exc.value.body
+    assert isinstance(body, dict) and body["code"] == "objects_on_different_backends"
+
+
+def test_an_answer_too_long_to_read_passes_through_unread(client, mock_pair, monkeypatch):
+    made = client.files.create(file=("d.txt", b"d"), purpose="user_data")
+    monkeypatch.setattr("gateway.stateful.answers.HOLD_LIMIT", 8)
+    assert client.files.retrieve(made.id).id == made.id
+    assert {f.id for f in client.files.list().data} <= {made.id}  # one backend's page, as sent
