@@ -21,6 +21,7 @@ import orjson
 
 from gateway.context import RequestContext
 from gateway.errors import Forbidden, InvalidRequest, NotFound
+from gateway.hops.auth import KeyEntry
 from gateway.hops.edge import read_body, stream_body
 from gateway.routes import Backend, Route
 from gateway.runtime import Runtime
@@ -44,6 +45,8 @@ from gateway.writer import ResponseWriter
 
 #: body fields that name a file the call needs (a batch's input, a vector store's files)
 _FILE_FIELDS = ("input_file_id", "file_id")
+#: the purposes of the collections whose creates run model calls (batches)
+_BATCHES = frozenset({"batch", "message_batches"})
 #: a list's cursor names the object the next page follows
 _CURSORS = ("after", "after_id", "before_id")
 
@@ -61,7 +64,21 @@ async def stateful(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> N
         if target is None:
             raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
         await rt.auth.check(ctx, passthrough=True)
+        refuse_unmetered_batch(ctx, target)
         await StatefulCall(rt, ctx, target, receive, req.out).run()
+
+
+def refuse_unmetered_batch(ctx: RequestContext, target: Target) -> None:
+    """A batch is not metered yet (docs/spec.md §24): a key with a budget — an admin key too,
+    which may otherwise use unmetered paths — may not start one, so none runs unbilled."""
+    entry = ctx.limit_key
+    creates = target.root and ctx.method == "POST"
+    if creates and target.purpose in _BATCHES and isinstance(entry, KeyEntry) and entry.budgeted:
+        raise Forbidden(
+            "this API key has a budget, and batches are not metered: a key without a budget "
+            "may start one (docs/spec.md §24)",
+            code="budget_batch",
+        )
 
 
 class StatefulCall:
@@ -274,4 +291,4 @@ class StatefulCall:
         await self.out.json(200, merged)
 
 
-__all__ = ["StatefulCall", "stateful"]
+__all__ = ["StatefulCall", "refuse_unmetered_batch", "stateful"]
