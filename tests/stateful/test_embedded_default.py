@@ -43,6 +43,15 @@ def test_files_batches_results_and_conversations_on_the_embedded_mock(client):
     assert [i.type for i in client.conversations.items.list(conv.id).data] == ["message"]
 
 
+def test_the_live_view_lists_stateful_calls_with_their_backend(server, client):
+    file = client.files.create(file=("in.jsonl", batch_jsonl(1)), purpose="batch")
+    client.files.content(file.id).read()
+    records = httpx2.get(server.url + "/_gateway/api/requests").json()["requests"]
+    seen = [(r["method"], r["path"], r["status"], r["backend"]) for r in records]
+    assert ("POST", "/v1/files", 200, "mock") in seen
+    assert ("GET", f"/v1/files/{file.id}/content", 200, "mock") in seen
+
+
 def error_of(resp: httpx2.Response) -> dict[str, object]:
     error = resp.json()["error"]
     assert isinstance(error, dict) and {"message", "type", "code"} <= error.keys()
