@@ -4,7 +4,7 @@ stores, kept in memory per mock backend — so a call that reaches the wrong bac
 
 Shapes follow what the official SDKs parse: OpenAI's ``file``, ``upload``, ``conversation``,
 ``vector_store`` objects, and Anthropic's Files API (beta) metadata when the request carries
-``anthropic-beta: files-api-…``.
+``anthropic-version`` (or ``anthropic-beta: files-api-…``).
 """
 
 from __future__ import annotations

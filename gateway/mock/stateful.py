@@ -37,7 +37,10 @@ class MockObjects:
         if root not in _ROOTS:
             return None
         if root == "files":
-            anthropic = "files-api" in headers.get("anthropic-beta", "")
+            # Anthropic's Files API: what its clients (and provider = "anthropic") always send
+            anthropic = "anthropic-version" in headers or "files-api" in headers.get(
+                "anthropic-beta", ""
+            )
             return self.files.reply(method, parts, content_type, body, anthropic)
         if root == "uploads":
             return self.files.upload(method, parts, content_type, body)

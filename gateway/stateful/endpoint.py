@@ -51,8 +51,13 @@ _BATCHES = frozenset({"batch", "message_batches"})
 _CURSORS = ("after", "after_id", "before_id")
 
 
-def _header(ctx: RequestContext, name: str) -> str | None:
-    return next((v for k, v in ctx.upstream_headers if k == name), None)
+def anthropic_client(ctx: RequestContext) -> bool:
+    """Whether the caller speaks Anthropic's API: ``anthropic-version`` (every Anthropic SDK
+    request carries it) or a Files API beta."""
+    for name, value in ctx.upstream_headers:
+        if name == "anthropic-version" or (name == "anthropic-beta" and "files-api" in value):
+            return True
+    return False
 
 
 async def stateful(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
@@ -60,7 +65,7 @@ async def stateful(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> N
     ``/v1/vector_stores``, ``/v1/messages/batches`` and everything under them."""
     async with rt.request(scope, send) as req:
         ctx = req.ctx
-        target = parse(ctx.path, _header(ctx, "anthropic-beta"))
+        target = parse(ctx.path, anthropic_client(ctx))
         if target is None:
             raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
         await rt.auth.check(ctx, passthrough=True)

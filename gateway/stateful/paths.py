@@ -2,7 +2,8 @@
 
 Paths after ``/v1``: ``files``, ``uploads``, ``batches``, ``conversations``, ``vector_stores``
 (OpenAI) and ``messages/batches`` (Anthropic Message Batches); Anthropic's Files API shares
-``/v1/files`` and is told apart by its ``anthropic-beta: files-api-…`` header.
+``/v1/files`` and is told apart by the headers only Anthropic clients send: ``anthropic-version``
+(every Anthropic SDK request) or ``anthropic-beta: files-api-…``.
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ class Target:
         return COLLECTIONS[self.collection]
 
 
-def parse(path: str, anthropic_beta: str | None = None) -> Target | None:
+def parse(path: str, anthropic_client: bool = False) -> Target | None:
     """The stateful call ``path`` is, or None.
 
     >>> parse("/v1/files/file-1/content")
     Target(collection='files', object_id='file-1', rest='content', anthropic=False)
     >>> parse("/v1/messages/batches/msgbatch_1/results").anthropic
     True
-    >>> parse("/v1/files", "files-api-2025-04-14").anthropic
+    >>> parse("/v1/files", anthropic_client=True).anthropic
     True
     >>> parse("/v1/batches").root, parse("/v1/chat/completions"), parse("/v1/files//x")
     (True, None, None)
@@ -74,9 +75,7 @@ def parse(path: str, anthropic_beta: str | None = None) -> Target | None:
     object_id, _, after = tail.partition("/")
     if (not object_id and (after or rest.endswith("/"))) or "//" in tail:
         return None
-    anthropic = collection == "messages/batches" or (
-        collection == "files" and anthropic_beta is not None and "files-api" in anthropic_beta
-    )
+    anthropic = collection == "messages/batches" or (collection == "files" and anthropic_client)
     return Target(collection, object_id or None, after, anthropic)
 
 

@@ -79,3 +79,18 @@ def test_anthropic_files_go_to_an_anthropic_route_and_back(server, mock_pair):
         assert content.content == data
         gone = httpx.delete(f"{server.url}/v1/files/{made['id']}", headers=beta)
         assert gone.status_code == 200
+
+
+def test_the_anthropic_sdk_s_files_beta_through_two_backends(client, mock_pair):
+    a, _ = mock_pair
+    files = client.beta.files
+    made = [files.upload(file=(f"n{n}.txt", f"file {n}".encode(), "text/plain")) for n in range(2)]
+    assert {m.id in a.objects.files.files for m in made} == {True, False}  # on both backends
+    for n, m in enumerate(made):
+        assert files.retrieve_metadata(m.id).size_bytes == len(f"file {n}")
+        assert files.download(m.id).read() == f"file {n}".encode()
+    assert {f.id for f in files.list()} == {m.id for m in made}
+    for m in made:
+        files.delete(m.id)
+    with pytest.raises(anthropic.NotFoundError):
+        files.retrieve_metadata(made[0].id)
