@@ -203,6 +203,9 @@ class Conversations:
         for item in items if isinstance(items, list) else [{"role": "user", "content": items}]:
             if not isinstance(item, dict):
                 continue
+            if item.get("type", "message") != "message":  # tool calls, outputs: kept as sent
+                added.append({**item, "id": item.get("id") or new_id("item_")})
+                continue
             content = item.get("content")
             if isinstance(content, str):
                 content = [{"type": "input_text", "text": content}]
