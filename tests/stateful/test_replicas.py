@@ -80,3 +80,26 @@ def test_two_replicas_sharing_redis_reach_every_object_s_backend(gateway, mock_p
                 "req-0",
                 "req-1",
             ]
+
+
+def test_a_dead_redis_keeps_each_replica_s_own_objects_and_hides_the_rest(
+    gateway, mock_pair, redis
+):
+    """With auth on, an id only Redis knew is a 404 while Redis is down (it could be another
+    tenant's); the replica that recorded an object still reaches it."""
+    a, b = mock_pair
+    toml = TWO_TENANTS.replace('mode = "keys"', f'mode = "keys"\nredis_url = "{redis.url}"')
+    config = gateway_config(toml + mixed_toml(a.url, b.url))
+    first, second = gateway(config), gateway(config)
+    with (
+        openai.OpenAI(base_url=first.base_url, api_key=KEY_ONE, max_retries=0) as one,
+        openai.OpenAI(base_url=second.base_url, api_key=KEY_ONE, max_retries=0) as other,
+    ):
+        made = one.files.create(file=("x.txt", b"kept"), purpose="user_data")
+        assert other.files.content(made.id).read() == b"kept"  # through Redis
+        redis.kill()
+        later = one.files.create(file=("y.txt", b"local"), purpose="user_data")
+        assert one.files.content(later.id).read() == b"local"  # recorded here
+        assert one.files.content(made.id).read() == b"kept"
+        with pytest.raises(openai.NotFoundError):
+            other.files.content(later.id)  # only Redis could have told it
