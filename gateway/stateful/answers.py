@@ -174,7 +174,11 @@ async def relay_rest(
     out: ResponseWriter,
     parts: list[bytes],
 ) -> None:
-    """An answer too long to hold: the chunks read so far, then the rest as it arrives."""
+    """An answer passed on as it arrives (contents, results, one too long to hold): the chunks
+    read so far, then the rest; its size is the request's ``download_bytes``."""
+    if not parts:
+        upstream_answered(ctx, attempt, resp)
+    size = sum(len(c) for c in parts)
     try:
         headers = copy_headers(resp.headers, _KEEP_LENGTH)
         headers.extend(upstream_request_id(resp.headers))
@@ -182,8 +186,10 @@ async def relay_rest(
         for chunk in parts:
             await out.body(chunk, more=True)
         async for chunk in resp.aiter_raw():
+            size += len(chunk)
             await out.body(chunk, more=True)
         await out.body(b"")
+        ctx.download_bytes = size
     finally:
         upstream_finished(ctx, attempt, resp)
         await resp.aclose()

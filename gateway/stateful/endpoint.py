@@ -86,6 +86,14 @@ def refuse_unmetered_batch(ctx: RequestContext, target: Target) -> None:
         )
 
 
+async def _counted(ctx: RequestContext, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An upload's chunks as they pass, their sum kept as the request's ``upload_bytes``."""
+    ctx.upload_bytes = 0
+    async for chunk in chunks:
+        ctx.upload_bytes += len(chunk)
+        yield chunk
+
+
 class StatefulCall:
     """One stateful call (per request; module docstring)."""
 
@@ -112,7 +120,10 @@ class StatefulCall:
         body, backends, pinned = await self._plan()
         self._answer_coding()
         resp, attempt = await self.rt.upstream.forward(ctx, backends, body, pinned=pinned)
-        if t.streamed or not 200 <= resp.status < 300:
+        if t.streamed and 200 <= resp.status < 300:  # contents, results: counted as they pass
+            await relay_rest(ctx, resp, attempt, self.out, [])
+            return
+        if not 200 <= resp.status < 300:
             await relay_raw(ctx, resp, attempt, self.out)
             return
         held = await self._hold(resp, attempt)
@@ -205,7 +216,8 @@ class StatefulCall:
             ctx.upstream_headers.append(
                 ("content-encoding", ctx.content_encoding.decode("latin-1"))
             )
-        return stream_body(ctx, self.receive, self.rt.config.server.max_upload_bytes)
+        chunks = stream_body(ctx, self.receive, self.rt.config.server.max_upload_bytes)
+        return None if chunks is None else _counted(ctx, chunks)
 
     async def _body(self) -> Body:
         t, ctx = self.target, self.ctx
