@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from gateway import endpoints
+from gateway import endpoints, stateful
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
 from gateway.hops.edge import unsafe_path
@@ -76,6 +76,7 @@ class Gateway:
             endpoint = self._endpoints.get(path)
             if endpoint is None:
                 endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
+                endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
                 # the upstream path must stay under the backend's base path (docs/spec.md §5)
                 if (why := unsafe_path(scope)) is not None:
                     endpoint = endpoints.bad_path(why)

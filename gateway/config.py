@@ -46,6 +46,8 @@ class ServerConfig:
     port: int = 8080
     workers: int = 1
     max_body_bytes: int = 10 * 1024 * 1024
+    #: a streamed upload (``POST /v1/files``, upload parts: docs/spec.md §24), never held whole
+    max_upload_bytes: int = 512 * 1024 * 1024
     shutdown_grace_s: float = 30.0
     #: a client that has not sent its whole request head by then is closed
     client_header_timeout_s: float = 10.0
@@ -121,6 +123,11 @@ class RouteConfig:
     affinity: Literal["none", "session", "prefix"] = "none"
     #: every backend saturated: 503 backend_saturated instead of the least loaded one
     shed_when_saturated: bool = False
+    #: stateful calls that name no model (files, uploads, conversations, vector stores) come
+    #: here when their purpose matches one of these globs (docs/spec.md §24)
+    purposes: tuple[str, ...] = ()
+    #: how long a file, batch, conversation or vector store id stays routed to its backend
+    object_ttl_s: float = 30 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -706,6 +713,7 @@ def _check_server(s: ServerConfig, err: _Errors) -> None:
     if s.workers < 1:
         err("server.workers", f"must be >= 1, got {s.workers}")
     err.positive(s, "server", "max_body_bytes", "client_header_timeout_s", "client_body_timeout_s")
+    err.positive(s, "server", "max_upload_bytes")
     err.positive(s, "server", "max_client_connections")
     err.positive(s, "server", "shutdown_grace_s", allow_zero=True)
 
@@ -766,6 +774,7 @@ def _check_routes(routes: tuple[RouteConfig, ...], backends: set[str], err: _Err
                 err(f"{p}.backends[{j}]", f"no backend named {name!r}")
         err.positive(r, p, "retries", allow_zero=True)
         err.positive(r, p, "response_affinity_ttl_s")
+        err.positive(r, p, "object_ttl_s")
         for name in ("max_tokens_cap", "history_window"):
             value = getattr(r, name)
             if value is not None and value < 1:

@@ -404,6 +404,10 @@ class RequestContext:
     call: Call | None = None
     #: the client went away before the answer was complete (status 499)
     disconnected = False
+    #: a stateful call's streamed upload and download, in bytes (docs/spec.md §24; None: the
+    #: request streamed none): the root span's http.request.body.size / http.response.body.size
+    upload_bytes: int | None = None
+    download_bytes: int | None = None
     #: a realtime session's own facts, set at its end for the live view (messages each way,
     #: close code, responses with TTFT: :meth:`gateway.realtime.session.Realtime` writes it)
     realtime: Mapping[str, Any] | None = None

@@ -38,7 +38,9 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
         # with a budget may use it only if it is an admin key (docs/spec.md §20)
         await rt.auth.check(ctx, passthrough=True)
         response_id = response_path_id(ctx.path)
-        owner = await rt.ownership.owner(response_id) if response_id is not None else None
+        owner = None
+        if response_id is not None:  # another tenant's response: 404 (docs/spec.md §24)
+            owner = await rt.ownership.owner(response_id, ctx.tenant)
         # unchanged means unchanged: the body keeps its coding, the client picks the answer's
         for name, value in (
             ("content-encoding", ctx.content_encoding),

@@ -43,8 +43,8 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
         owner = None
         if BY_PATH[call.path].stateful:  # the Responses API: its state lives on one backend
             out = req.out = recording(rt, call, out)
-            if (previous := call.payload.get("previous_response_id")) is not None:
-                owner = await rt.ownership.owner(previous)  # None: unknown, routed by model
+            # previous_response_id's or conversation's owner; 404 for another tenant's ids
+            owner = await rt.ownership.follows(call.payload, ctx.tenant)
         lookup = await rt.cache.lookup(ctx, call)  # a hit, an identical call in flight, a miss
         await admit(rt, ctx, call, lookup)  # budgets, tpm, rpm: the worst case reserved
         ctx.timeline.routed = time.perf_counter()

@@ -291,9 +291,12 @@ def test_obs_fold_is_refused_or_forwarded_unfolded(gw, up):
 
 
 def test_a_body_over_the_limit_never_reaches_the_upstream(gateway, up):
-    gw = gateway(gateway_config(config(up.url) + "[server]\nmax_body_bytes = 1000\n"))
+    limits = "[server]\nmax_body_bytes = 1000\nmax_upload_bytes = 4000\n"
+    gw = gateway(gateway_config(config(up.url) + limits))
     big = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 2000 + b'"}]}'
     assert status(send_raw(gw, post(b"/v1/chat/completions", big))) == 413
+    assert status(send_raw(gw, post(b"/v1/audio/transcriptions", b"y" * 5000))) == 413
+    # a file upload is bounded by max_upload_bytes instead (docs/spec.md §24)
     assert status(send_raw(gw, post(b"/v1/files", b"y" * 5000))) == 413
     assert up.requests == []
 

@@ -1,4 +1,4 @@
-"""Which backend made a response: stateful Responses routing (docs/spec.md §22).
+"""Which backend holds an object, and for which tenant: stateful routing (docs/spec.md §22, §24).
 
 The Responses API keeps state on the server that answered: a follow-up naming
 ``previous_response_id``, and ``GET|DELETE /v1/responses/{id}``, ``POST …/cancel`` and
@@ -20,13 +20,21 @@ Where the mapping lives:
   all: a lookup that Redis cannot answer routes by model, a record it cannot take is kept
   locally — a dead Redis never fails a request.
 
-What is recorded: the ``id`` of a 200 answer to ``POST /v1/responses`` (the JSON body's, or the
-stream's ``response.created`` event's), read where the protocol already parses the answer
-(:class:`gateway.protocols.responses.Responses` notes it as ``answer.response_id``), and only
-when the request did not say ``store: false`` (such a response is kept nowhere). It is recorded
-*before the answer's first byte reaches the client* (:class:`RecordingWriter`), so a follow-up
-sent the moment the answer arrives — through any replica — finds it. A ``DELETE`` that
-succeeded forgets it.
+One map for every object with an id: responses, and (docs/spec.md §24) files, uploads,
+batches, conversations, vector stores and Anthropic message batches, recorded by
+:mod:`gateway.stateful` when their create call answers. Ids are unique across kinds (each has
+its own prefix), so one map holds them all. Each entry is bound to the tenant that created the
+object: the value is the backend's name, then (auth on) the unit separator and the tenant's,
+and a lookup by another tenant's key is a 404 (:class:`gateway.errors.NotFound`), as if the
+object did not exist — even when every tenant shares one upstream key.
+
+What is recorded for responses: the ``id`` of a 200 answer to ``POST /v1/responses`` (the
+JSON body's, or the stream's ``response.created`` event's), read where the protocol already
+parses the answer (:class:`gateway.protocols.responses.Responses` notes it as
+``answer.response_id``), and only when the request did not say ``store: false`` (such a
+response is kept nowhere). It is recorded *before the answer's first byte reaches the client*
+(:class:`RecordingWriter`), so a follow-up sent the moment the answer arrives — through any
+replica — finds it. A ``DELETE`` that succeeded forgets it.
 """
 
 from __future__ import annotations
@@ -37,12 +45,13 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.guard import RedisGuard, RedisUnavailable
 from gateway.cache.redis import connect
 from gateway.config import Config
+from gateway.errors import NotFound
 from gateway.routes import Backend
 from gateway.types import RawHeaders
 from gateway.writer import ResponseWriter
@@ -61,6 +70,32 @@ _BREAKER_RESET_S: Final = 5.0
 #: a small pool: one command per stored response and per follow-up
 _MAX_CONNECTIONS: Final = 32
 _PATH_PREFIX: Final = "/v1/responses/"
+#: between the backend's name and the tenant's in a stored value
+_SEP: Final = "\x1f"
+
+
+def _value(backend: str, tenant: str | None) -> str:
+    """What the map stores for an object: the backend, and the tenant when there is one.
+
+    >>> _value("a", None), _value("a", "t1") == "a" + _SEP + "t1"
+    ('a', True)
+    """
+    return backend if not tenant else f"{backend}{_SEP}{tenant}"
+
+
+def _parse(value: str) -> tuple[str, str]:
+    """(backend, tenant) of a stored value (tenant "" for an object made with auth off).
+
+    >>> _parse("a"), _parse("a" + _SEP + "t1")
+    (('a', ''), ('a', 't1'))
+    """
+    backend, _, tenant = value.partition(_SEP)
+    return backend, tenant
+
+
+def not_found(object_id: str) -> NotFound:
+    """The 404 of an id this tenant does not own (or nobody is known to own)."""
+    return NotFound(f"No object with id '{object_id}' found.", code="not_found")
 
 
 def response_path_id(path: str) -> str | None:
@@ -226,36 +261,82 @@ class Ownership:
         self.local = local if local is not None else MemoryOwners()
         self.shared = shared
 
-    async def owner(self, response_id: object) -> Backend | None:
+    async def owner(self, response_id: object, tenant: str | None = None) -> Backend | None:
         """The backend that made ``response_id`` (None: unknown, expired, not a usable id, or
-        the shared store could not answer — the request then routes by model)."""
-        if not isinstance(response_id, str) or not 0 < len(response_id) <= MAX_ID_CHARS:
+        the shared store could not answer — the request then routes by model).
+
+        Raises :class:`NotFound` when another tenant made it (docs/spec.md §24)."""
+        found = await self.lookup(response_id)
+        if found is None:
             return None
-        name = self.local.get_now(response_id)
-        if name is None and self.shared is not None:
+        name, owner_tenant = found
+        if owner_tenant != (tenant or ""):
+            raise not_found(str(response_id))
+        # a name this config no longer has: route by model
+        return self._backends.get(name)
+
+    async def required(self, object_id: object, tenant: str | None) -> Backend | None:
+        """The owner of an object a stateful call names (docs/spec.md §24): 404 when another
+        tenant made it, and — with auth on — when nobody is known to own it (an id this
+        gateway did not see created could be another tenant's, behind a shared upstream key).
+        None (auth off, unknown id): the caller's route rule decides."""
+        found = await self.lookup(object_id)
+        if found is None:
+            if tenant is not None:
+                raise not_found(str(object_id))
+            return None
+        name, owner_tenant = found
+        if owner_tenant != (tenant or ""):
+            raise not_found(str(object_id))
+        return self._backends.get(name)
+
+    async def follows(self, payload: Mapping[str, Any], tenant: str | None) -> Backend | None:
+        """The backend a Responses request must reach: its ``conversation``'s owner, else its
+        ``previous_response_id``'s (None: neither, or an unknown previous response, which
+        routes by model)."""
+        conversation = payload.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        if conversation is not None:
+            return await self.required(conversation, tenant)
+        previous = payload.get("previous_response_id")
+        return None if previous is None else await self.owner(previous, tenant)
+
+    async def lookup(self, object_id: object) -> tuple[str, str] | None:
+        """(backend name, tenant) of a known id; None: unknown, expired, unusable, or the
+        shared store could not answer."""
+        if not isinstance(object_id, str) or not 0 < len(object_id) <= MAX_ID_CHARS:
+            return None
+        value = self.local.get_now(object_id)
+        if value is None and self.shared is not None:
             try:
-                name = await self.shared.get(response_id)
+                value = await self.shared.get(object_id)
             except OwnersUnavailable:
                 return None
-        # a name this config no longer has: route by model
-        return self._backends.get(name) if name is not None else None
+        return None if value is None else _parse(value)
 
-    async def record(self, response_id: str, backend: Backend, ttl_s: float) -> None:
-        if self.record_here(response_id, backend, ttl_s):
-            await self.record_shared(response_id, backend, ttl_s)
+    async def record(
+        self, response_id: str, backend: Backend, ttl_s: float, tenant: str | None = None
+    ) -> None:
+        if self.record_here(response_id, backend, ttl_s, tenant):
+            await self.record_shared(response_id, backend, ttl_s, tenant)
 
-    def record_here(self, response_id: str, backend: Backend, ttl_s: float) -> bool:
+    def record_here(
+        self, response_id: str, backend: Backend, ttl_s: float, tenant: str | None = None
+    ) -> bool:
         """Record in this process; True when the shared store is to be told too."""
         if not 0 < len(response_id) <= MAX_ID_CHARS:
             return False
-        self.local.set_now(response_id, backend.name, ttl_s)
+        self.local.set_now(response_id, _value(backend.name, tenant), ttl_s)
         return self.shared is not None
 
-    async def record_shared(self, response_id: str, backend: Backend, ttl_s: float) -> None:
+    async def record_shared(
+        self, response_id: str, backend: Backend, ttl_s: float, tenant: str | None = None
+    ) -> None:
         if self.shared is not None:
             # kept here; other replicas route it by model while Redis cannot take it
             with contextlib.suppress(OwnersUnavailable):
-                await self.shared.set(response_id, backend.name, ttl_s)
+                await self.shared.set(response_id, _value(backend.name, tenant), ttl_s)
 
     async def forget(self, response_id: str) -> None:
         self.local.delete_now(response_id)
@@ -308,8 +389,9 @@ class RecordingWriter(ResponseWriter):
         if not attempts:
             return
         backend = attempts[-1].backend  # the attempt whose answer this is
-        if ownership.record_here(rid, backend, self._ttl):  # memory only: no await at all
-            await ownership.record_shared(rid, backend, self._ttl)
+        tenant = self._ctx.tenant  # bound to its tenant (docs/spec.md §24)
+        if ownership.record_here(rid, backend, self._ttl, tenant):  # memory only: no await
+            await ownership.record_shared(rid, backend, self._ttl, tenant)
 
 
 def build_ownership(
@@ -339,5 +421,6 @@ __all__ = [
     "RecordingWriter",
     "RedisOwners",
     "build_ownership",
+    "not_found",
     "response_path_id",
 ]

@@ -18,6 +18,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from gateway.mock.engine import MockSettings, bad_request, reply
 from gateway.mock.realtime import websocket_endpoint
+from gateway.mock.stateful import MockObjects
 
 #: what vLLM's /metrics answers (prometheus-client's CONTENT_TYPE_LATEST)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -25,6 +26,7 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def create_mock_app(settings: MockSettings | None = None) -> Starlette:
     base = settings or MockSettings()
+    objects = MockObjects()  # this server's files, batches, ... (docs/spec.md §24)
 
     async def handle(request: Request) -> Response:
         path = request.url.path[len("/v1") :]
@@ -33,7 +35,9 @@ def create_mock_app(settings: MockSettings | None = None) -> Starlette:
         except ValueError as exc:
             r = bad_request(path, str(exc))
         else:
-            r = reply(request.method, path, await request.body(), knobs)
+            body = await request.body()
+            stored = objects.reply(request.method, path, request.headers, body)
+            r = stored if stored is not None else reply(request.method, path, body, knobs)
         if r.delay_s:
             await asyncio.sleep(r.delay_s)
         if r.events is not None:
@@ -50,11 +54,13 @@ def create_mock_app(settings: MockSettings | None = None) -> Starlette:
             )
         return Response(base.capacity.metrics(), media_type=METRICS_TYPE)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             # the Realtime API over WebSocket (docs/spec.md §19): gateway/mock/realtime.py
             WebSocketRoute("/v1/realtime", websocket_endpoint(base)),
-            Route("/v1/{path:path}", handle, methods=["GET", "POST"]),
+            Route("/v1/{path:path}", handle, methods=["GET", "POST", "DELETE"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
     )
+    app.state.objects = objects  # what tests look at
+    return app

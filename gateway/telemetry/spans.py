@@ -108,7 +108,9 @@ def route_template(path: str) -> str:
     >>> route_template("/v1/responses/resp_123/input_items")
     '/v1/responses/{response_id}/input_items'
     >>> route_template("/v1/files/file-1"), route_template("/v1/messages/count_tokens")
-    ('/v1/{path}', '/v1/messages/count_tokens')
+    ('/v1/files/{file_id}', '/v1/messages/count_tokens')
+    >>> route_template("/v1/audio/speech")
+    '/v1/{path}'
     """
     if path in _ROUTE_TEMPLATES:
         return path
@@ -116,7 +118,60 @@ def route_template(path: str) -> str:
         rest = path[len("/v1/responses/") :].split("/")
         if len(rest) == 1 or (len(rest) == 2 and rest[1] in ("cancel", "input_items")):
             return "/v1/responses/{response_id}" + ("/" + rest[1] if len(rest) == 2 else "")
+    if (stateful := _stateful_template(path)) is not None:
+        return stateful
     return "/v1/{path}" if path.startswith("/v1/") else path
+
+
+#: the stateful collections (docs/spec.md §24) and how their span names call an object's id
+_STATEFUL_IDS = {
+    "/v1/messages/batches": "{message_batch_id}",
+    "/v1/files": "{file_id}",
+    "/v1/uploads": "{upload_id}",
+    "/v1/batches": "{batch_id}",
+    "/v1/conversations": "{conversation_id}",
+    "/v1/vector_stores": "{vector_store_id}",
+}
+_STATEFUL_WORDS = frozenset(
+    {
+        "content",
+        "cancel",
+        "parts",
+        "complete",
+        "items",
+        "results",
+        "files",
+        "file_batches",
+        "search",
+    }
+)
+
+
+def _stateful_template(path: str) -> str | None:
+    """``/v1/files/{file_id}/content``, ``/v1/conversations/{conversation_id}/items/{id}``:
+    the ids replaced, any other word as ``{path}`` (bounded names, docs/spec.md §24).
+
+    >>> _stateful_template("/v1/files"), _stateful_template("/v1/files/file-1/content")
+    ('/v1/files', '/v1/files/{file_id}/content')
+    >>> _stateful_template("/v1/vector_stores/vs_1/files/file-2")
+    '/v1/vector_stores/{vector_store_id}/files/{id}'
+    >>> _stateful_template("/v1/batches/b/x/y/z"), _stateful_template("/v1/chat/completions")
+    ('/v1/batches/{batch_id}/{path}/{id}/{path}', None)
+    """
+    for root, name in _STATEFUL_IDS.items():
+        if path == root:
+            return root
+        if path.startswith(root + "/"):
+            rest = path[len(root) + 1 :].split("/")
+            out = [root, name]
+            if len(rest) > 1:
+                out.append(rest[1] if rest[1] in _STATEFUL_WORDS else "{path}")
+            if len(rest) > 2:
+                out.append("{id}")
+            if len(rest) > 3:
+                out.append("{path}")
+            return "/".join(out)
+    return None
 
 
 class _Tree:
@@ -448,6 +503,10 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
         attrs.append(_s("gateway.client_disconnected", True))
     if ctx.mcp is not None:
         attrs.extend(_mcp_attrs(ctx.mcp))
+    if ctx.upload_bytes is not None:  # a streamed upload or download (docs/spec.md §24)
+        attrs.append(_s("http.request.body.size", ctx.upload_bytes))
+    if ctx.download_bytes is not None:
+        attrs.append(_s("http.response.body.size", ctx.download_bytes))
     flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
     parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
     return otlp.span_fast(

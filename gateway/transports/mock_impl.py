@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from gateway.config import BackendConfig
 from gateway.mock.engine import MockSettings, bad_request, reply
+from gateway.mock.stateful import MockObjects
 from gateway.transports.base import Body
 from gateway.types import RawHeaders
 
@@ -44,6 +45,8 @@ class MockResponse:
 class MockTransport:
     def __init__(self, backend: BackendConfig) -> None:
         self._settings = MockSettings.from_url(backend.url)
+        #: this backend's files, batches, conversations, ... (docs/spec.md §24)
+        self.objects = MockObjects()
 
     async def request(
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body
@@ -57,7 +60,8 @@ class MockTransport:
         except ValueError as exc:
             r = bad_request(path, str(exc))
         else:
-            r = reply(method, path, body or b"", settings)
+            stored = self.objects.reply(method, path, lowered, body or b"")
+            r = stored if stored is not None else reply(method, path, body or b"", settings)
         if r.delay_s:
             await asyncio.sleep(r.delay_s)
         out: RawHeaders = [(b"content-type", r.content_type.encode())]

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from gateway.config import BackendConfig
+from gateway.errors import NotFound
 from gateway.hops.ownership import (
     MAX_ID_CHARS,
     MemoryOwners,
@@ -81,6 +82,37 @@ def test_lookups_name_configured_backends_only_and_ignore_unusable_ids():
     assert len(ownership.local) == 2  # resp_1 and resp_3: the long id was not kept
     run(ownership.forget("resp_1"))
     assert run(ownership.owner("resp_1")) is None
+
+
+def test_entries_are_bound_to_their_tenant():
+    """docs/spec.md §24: another tenant's id is a 404, as if it did not exist."""
+    known = backends("a", "b")
+    ownership = Ownership(known)
+    run(ownership.record("file-1", known["a"], 60.0, "t1"))
+    run(ownership.record("resp_open", known["b"], 60.0))  # made with auth off
+    assert run(ownership.lookup("file-1")) == ("a", "t1")
+    assert run(ownership.owner("file-1", "t1")) is known["a"]
+    assert run(ownership.required("file-1", "t1")) is known["a"]
+    for call in (ownership.owner("file-1", "t2"), ownership.required("file-1", "t2")):
+        with pytest.raises(NotFound):
+            run(call)
+    with pytest.raises(NotFound):
+        run(ownership.owner("file-1"))  # no tenant is not the same as t1
+    with pytest.raises(NotFound):
+        run(ownership.owner("resp_open", "t1"))
+    assert run(ownership.owner("resp_open")) is known["b"]
+    # an id nobody is known to own: 404 with auth on, the route rule's with auth off
+    with pytest.raises(NotFound):
+        run(ownership.required("file-unknown", "t1"))
+    assert run(ownership.required("file-unknown", None)) is None
+    # a Responses request follows its conversation, else its previous response
+    run(ownership.record("conv_1", known["b"], 60.0, "t1"))
+    assert run(ownership.follows({"conversation": {"id": "conv_1"}}, "t1")) is known["b"]
+    assert run(ownership.follows({"previous_response_id": "file-1"}, "t1")) is known["a"]
+    assert run(ownership.follows({"previous_response_id": "resp_x"}, "t1")) is None
+    assert run(ownership.follows({"input": "hi"}, "t1")) is None
+    with pytest.raises(NotFound):
+        run(ownership.follows({"conversation": "conv_1"}, "t2"))
 
 
 def test_response_paths_name_their_id():

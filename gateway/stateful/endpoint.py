@@ -1,0 +1,311 @@
+"""The stateful endpoints (docs/spec.md §24): files, uploads, batches, conversations, vector
+stores, Anthropic message batches and files — each call sent to the backend holding the object
+it names, and each object created recorded as its backend's and its tenant's.
+
+A call naming an object (in its path, or ``input_file_id`` / ``file_id`` / ``file_ids`` in its
+body) goes to that object's owner, pinned (:mod:`gateway.hops.ownership`: tried even when
+ejected, its error passes through); another tenant's object, or with auth on one nobody is
+known to own, is a 404. A call naming none goes to a route chosen by
+:mod:`gateway.stateful.choose`, or for an Anthropic batch by the model of its first request.
+Uploads (``POST /v1/files``, upload parts) are streamed to the backend, file contents and
+batch results streamed back: neither is ever held whole (docs/architecture.md, habit 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from gateway.context import RequestContext
+from gateway.errors import Forbidden, InvalidRequest, NotFound
+from gateway.hops.auth import KeyEntry
+from gateway.hops.edge import read_body, stream_body
+from gateway.routes import Backend, Route
+from gateway.runtime import Runtime
+from gateway.stateful.answers import (
+    Held,
+    gateway_results_url,
+    hold,
+    merge_pages,
+    record_linked,
+    relay_rest,
+    send_held,
+    tenant_only,
+)
+from gateway.stateful.choose import choose_route, take_route_header
+from gateway.stateful.multipart import peek_purpose
+from gateway.stateful.paths import Target, parse
+from gateway.streaming.bodies import relay_raw
+from gateway.transports.base import Body, UpstreamResponse
+from gateway.types import Receive, Scope, Send
+from gateway.writer import ResponseWriter
+
+#: body fields that name a file the call needs (a batch's input, a vector store's files)
+_FILE_FIELDS = ("input_file_id", "file_id")
+#: the purposes of the collections whose creates run model calls (batches)
+_BATCHES = frozenset({"batch", "message_batches"})
+#: a list's cursor names the object the next page follows
+_CURSORS = ("after", "after_id", "before_id")
+
+
+def anthropic_client(ctx: RequestContext) -> bool:
+    """Whether the caller speaks Anthropic's API: ``anthropic-version`` (every Anthropic SDK
+    request carries it) or a Files API beta."""
+    for name, value in ctx.upstream_headers:
+        if name == "anthropic-version" or (name == "anthropic-beta" and "files-api" in value):
+            return True
+    return False
+
+
+async def stateful(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+    """``/v1/files``, ``/v1/uploads``, ``/v1/batches``, ``/v1/conversations``,
+    ``/v1/vector_stores``, ``/v1/messages/batches`` and everything under them."""
+    async with rt.request(scope, send) as req:
+        ctx = req.ctx
+        target = parse(ctx.path, anthropic_client(ctx))
+        if target is None:
+            raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
+        await rt.auth.check(ctx, passthrough=True)
+        refuse_unmetered_batch(ctx, target)
+        await StatefulCall(rt, ctx, target, receive, req.out).run()
+
+
+def refuse_unmetered_batch(ctx: RequestContext, target: Target) -> None:
+    """A batch is not metered yet (docs/spec.md §24): a key with a budget — an admin key too,
+    which may otherwise use unmetered paths — may not start one, so none runs unbilled."""
+    entry = ctx.limit_key
+    creates = target.root and ctx.method == "POST"
+    if creates and target.purpose in _BATCHES and isinstance(entry, KeyEntry) and entry.budgeted:
+        raise Forbidden(
+            "this API key has a budget, and batches are not metered: a key without a budget "
+            "may start one (docs/spec.md §24)",
+            code="budget_batch",
+        )
+
+
+async def _counted(ctx: RequestContext, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An upload's chunks as they pass, their sum kept as the request's ``upload_bytes``."""
+    ctx.upload_bytes = 0
+    async for chunk in chunks:
+        ctx.upload_bytes += len(chunk)
+        yield chunk
+
+
+class StatefulCall:
+    """One stateful call (per request; module docstring)."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        ctx: RequestContext,
+        target: Target,
+        receive: Receive,
+        out: ResponseWriter,
+    ) -> None:
+        self.rt = rt
+        self.ctx = ctx
+        self.target = target
+        self.receive = receive
+        self.out = out
+        self.named_route = take_route_header(ctx)
+
+    async def run(self) -> None:
+        t, ctx = self.target, self.ctx
+        if t.root and ctx.method == "GET":
+            await self._list()
+            return
+        body, backends, pinned = await self._plan()
+        self._answer_coding()
+        resp, attempt = await self.rt.upstream.forward(ctx, backends, body, pinned=pinned)
+        if t.streamed and 200 <= resp.status < 300:  # contents, results: counted as they pass
+            await relay_rest(ctx, resp, attempt, self.out, [])
+            return
+        if not 200 <= resp.status < 300:
+            await relay_raw(ctx, resp, attempt, self.out)
+            return
+        held = await self._hold(resp, attempt)
+        if held is None:
+            return
+        backend = attempt.backend
+        if held.obj is not None:
+            await record_linked(held.obj, self._recorder(backend), t.root and ctx.method == "POST")
+            if t.anthropic and gateway_results_url(ctx, held.obj):
+                held.changed()
+        if ctx.method == "DELETE" and t.object_id is not None and not t.rest:
+            await self.rt.ownership.forget(t.object_id)
+        await send_held(self.out, held, resp)
+
+    # ------------------------------------------------------------ where it goes
+
+    async def _plan(self) -> tuple[Body, tuple[Backend, ...], bool]:
+        """(the body to send, the backends to try, pinned)."""
+        t, ctx = self.target, self.ctx
+        if t.object_id is not None:
+            owner = await self.rt.ownership.required(t.object_id, ctx.tenant)
+            body = await self._body()
+            if owner is not None:
+                return body, (owner,), True
+            return body, self._route(t.purpose).backends, False
+        if t.collection == "files":  # multipart: the purpose is in the body's head
+            purpose, streamed = await peek_purpose(self._stream())
+            return streamed, self._route(purpose or t.purpose).backends, False
+        raw, payload = await self._json()
+        if t.collection == "messages/batches":
+            return raw, self._model_route(payload).backends, False
+        owner = await self._file_owner(payload)
+        if owner is not None:
+            return raw, (owner,), True
+        purpose = payload.get("purpose")
+        return raw, self._route(purpose if isinstance(purpose, str) else t.purpose).backends, False
+
+    def _route(self, purpose: str | None) -> Route:
+        return choose_route(self.rt.router.routes, self.named_route, purpose, self.target.anthropic)
+
+    def _model_route(self, payload: dict[str, Any]) -> Route:
+        """An Anthropic batch goes where its requests' model is served."""
+        requests = payload.get("requests")
+        models = (
+            [
+                r["params"].get("model")
+                for r in requests
+                if isinstance(r, dict) and isinstance(r.get("params"), dict)
+            ]
+            if isinstance(requests, list)
+            else []
+        )
+        if not models or not all(isinstance(m, str) and m for m in models):
+            raise InvalidRequest(
+                "requests: every request needs params.model", code="model_required"
+            )
+        permits = self.ctx.permits
+        for model in models:
+            if permits is not None and not permits(model):
+                raise Forbidden(
+                    f"this API key may not call model {model!r}", code="model_not_allowed"
+                )
+        self.ctx.model = models[0]
+        route = self.rt.router.match(models[0])
+        if route is None:
+            raise NotFound(f"no route for model {models[0]!r}", code="model_not_found")
+        return route
+
+    async def _file_owner(self, payload: dict[str, Any]) -> Backend | None:
+        """The backend holding the files a body names (each checked for the tenant: 404)."""
+        ids = [payload[f] for f in _FILE_FIELDS if isinstance(payload.get(f), str)]
+        many = payload.get("file_ids")
+        if isinstance(many, list):
+            ids.extend(i for i in many if isinstance(i, str))
+        owners = {await self.rt.ownership.required(i, self.ctx.tenant) for i in ids}
+        owners.discard(None)
+        if len(owners) > 1:
+            raise InvalidRequest(
+                "the files named are held by different backends; one call can use only one",
+                code="objects_on_different_backends",
+            )
+        return owners.pop() if owners else None
+
+    # ------------------------------------------------------------ the request body
+
+    def _stream(self) -> AsyncIterator[bytes] | None:
+        """The body streamed on, never held (uploads), in the coding the client sent."""
+        ctx = self.ctx
+        if ctx.content_encoding is not None:
+            ctx.upstream_headers.append(
+                ("content-encoding", ctx.content_encoding.decode("latin-1"))
+            )
+        chunks = stream_body(ctx, self.receive, self.rt.config.server.max_upload_bytes)
+        return None if chunks is None else _counted(ctx, chunks)
+
+    async def _body(self) -> Body:
+        t, ctx = self.target, self.ctx
+        if ctx.method != "POST":
+            return stream_body(ctx, self.receive, self.rt.max_body)
+        if t.collection == "uploads" and t.rest == "parts":
+            return self._stream()
+        raw, payload = await self._json()
+        await self._file_owner(payload)  # files it names must be the tenant's
+        return raw
+
+    async def _json(self) -> tuple[bytes, dict[str, Any]]:
+        raw = await read_body(self.ctx, self.receive, self.rt.max_body)
+        if not raw:
+            return raw, {}
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(
+                f"request body is not valid JSON: {exc}", code="invalid_json"
+            ) from exc
+        if not isinstance(payload, dict):
+            raise InvalidRequest("request body must be a JSON object", code="invalid_body")
+        return raw, payload
+
+    # ------------------------------------------------------------ the answer
+
+    def _answer_coding(self) -> None:
+        """Contents and results pass in the client's coding; answers the gateway reads come
+        uncompressed."""
+        ctx = self.ctx
+        if not self.target.streamed:
+            ctx.upstream_headers.append(("accept-encoding", "identity"))
+        elif ctx.accept_encoding is not None:
+            ctx.upstream_headers.append(("accept-encoding", ctx.accept_encoding.decode("latin-1")))
+
+    async def _hold(self, resp: UpstreamResponse, attempt: Any) -> Held | None:
+        held, parts = await hold(self.ctx, resp, attempt)
+        if held is None:  # too long to read: passed on as it is
+            await relay_rest(self.ctx, resp, attempt, self.out, parts)
+        return held
+
+    def _recorder(self, backend: Backend) -> Any:
+        route = next((r for r in self.rt.router.routes if backend in r.backends), None)
+        ttl = route.config.object_ttl_s if route is not None else 30 * 86400.0
+        ownership, tenant = self.rt.ownership, self.ctx.tenant
+
+        async def record(object_id: str) -> None:
+            await ownership.record(object_id, backend, ttl, tenant)
+
+        return record
+
+    async def _list(self) -> None:
+        """A list: the cursor's owner, else every backend of the route, merged; only the
+        caller's tenant's objects are kept (docs/spec.md §24)."""
+        ctx, ownership = self.ctx, self.rt.ownership
+        query = parse_qs(ctx.query.decode("latin-1"))
+        cursor = next((query[c][0] for c in _CURSORS if c in query), None)
+        owner = await ownership.required(cursor, ctx.tenant) if cursor else None
+        if owner is not None:
+            backends: tuple[Backend, ...] = (owner,)
+        else:
+            purpose = query.get("purpose", [self.target.purpose])[0]
+            backends = self._route(purpose).backends
+        self._answer_coding()
+        pages = []
+        for backend in backends:
+            resp, attempt = await self.rt.upstream.forward(ctx, (backend,), None, pinned=True)
+            if resp.status != 200:
+                await relay_raw(ctx, resp, attempt, self.out)
+                return
+            held = await self._hold(resp, attempt)
+            if held is None:
+                return
+            if held.obj is None:
+                await send_held(self.out, held, resp)
+                return
+            pages.append(held.obj)
+        merged = merge_pages(pages)
+        if ctx.tenant is not None:
+            tenant = ctx.tenant
+
+            async def owns(object_id: str) -> bool:
+                found = await ownership.lookup(object_id)
+                return found is not None and found[1] == tenant
+
+            await tenant_only(merged, owns)
+        await self.out.json(200, merged)
+
+
+__all__ = ["StatefulCall", "refuse_unmetered_batch", "stateful"]

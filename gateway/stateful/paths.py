@@ -1,0 +1,82 @@
+"""Which stateful call a path is (docs/spec.md §24): the collection, the object it names.
+
+Paths after ``/v1``: ``files``, ``uploads``, ``batches``, ``conversations``, ``vector_stores``
+(OpenAI) and ``messages/batches`` (Anthropic Message Batches); Anthropic's Files API shares
+``/v1/files`` and is told apart by the headers only Anthropic clients send: ``anthropic-version``
+(every Anthropic SDK request) or ``anthropic-beta: files-api-…``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+#: collection → the purpose its calls route by when nothing else decides (docs/spec.md §24)
+COLLECTIONS: Final = {
+    "files": "files",
+    "uploads": "uploads",
+    "batches": "batch",
+    "conversations": "conversations",
+    "vector_stores": "vector_stores",
+    "messages/batches": "message_batches",
+}
+#: answers streamed through untouched (file contents, batch results: JSONL, maybe GBs)
+_STREAMED: Final = frozenset({"content", "results"})
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A stateful path taken apart: ``/v1/<collection>[/<object_id>[/<rest>]]``."""
+
+    collection: str
+    object_id: str | None
+    #: what follows the id (``content``, ``cancel``, ``items/msg_1``); "" for none
+    rest: str
+    #: the Anthropic Files API (beta header) or Message Batches
+    anthropic: bool
+
+    @property
+    def root(self) -> bool:
+        """The collection itself (create, list)."""
+        return self.object_id is None
+
+    @property
+    def streamed(self) -> bool:
+        """An answer passed through chunk by chunk, never held (contents, results)."""
+        return self.rest in _STREAMED
+
+    @property
+    def purpose(self) -> str:
+        return COLLECTIONS[self.collection]
+
+
+def parse(path: str, anthropic_client: bool = False) -> Target | None:
+    """The stateful call ``path`` is, or None.
+
+    >>> parse("/v1/files/file-1/content")
+    Target(collection='files', object_id='file-1', rest='content', anthropic=False)
+    >>> parse("/v1/messages/batches/msgbatch_1/results").anthropic
+    True
+    >>> parse("/v1/files", anthropic_client=True).anthropic
+    True
+    >>> parse("/v1/batches").root, parse("/v1/chat/completions"), parse("/v1/files//x")
+    (True, None, None)
+    """
+    if not path.startswith("/v1/"):
+        return None
+    rest = path[4:]
+    collection = next(
+        (c for c in ("messages/batches", *COLLECTIONS) if rest == c or rest.startswith(c + "/")),
+        None,
+    )
+    if collection is None:
+        return None
+    tail = rest[len(collection) + 1 :]
+    object_id, _, after = tail.partition("/")
+    if (not object_id and (after or rest.endswith("/"))) or "//" in tail:
+        return None
+    anthropic = collection == "messages/batches" or (collection == "files" and anthropic_client)
+    return Target(collection, object_id or None, after, anthropic)
+
+
+__all__ = ["COLLECTIONS", "Target", "parse"]
