@@ -13,10 +13,20 @@ import asyncio
 import threading
 from collections.abc import Iterator
 
+import anthropic
 import orjson
 import pytest
 
-from tests.spend_support import GPT, AccessLines, Figures, UsageUpstream, cost, sample
+from tests.spend_support import (
+    CLAUDE,
+    GPT,
+    PRICES,
+    AccessLines,
+    Figures,
+    UsageUpstream,
+    cost,
+    sample,
+)
 from tests.support import (
     LAST_CHUNK,
     GatewayServer,
@@ -27,7 +37,7 @@ from tests.support import (
     gateway_config,
     sse_head,
 )
-from tests.test_spend import CHEAP, KEY_A, MSG, keys_toml, oai, routes, settled
+from tests.test_spend import CHEAP, KEY_A, KEY_TPM, MSG, keys_toml, oai, routes, settled
 
 #: one CHEAP answer at GPT's prices, in nano-USD
 CHEAP_NANO = round(cost(CHEAP, GPT) * 1e9)
@@ -130,6 +140,51 @@ def test_an_unpriced_stream_goes_upstream_as_the_client_sent_it(usage, lines):
     assert line["cost_usd"] is None
 
 
+def test_a_key_with_tpm_asks_for_the_usage_of_an_unpriced_stream(budgeted, usage, lines):
+    chunks = list(
+        oai(budgeted, KEY_TPM).chat.completions.create(
+            model="llama-3-70b", messages=MSG, max_tokens=100, stream=True
+        )
+    )
+    assert all(c.choices and c.usage is None for c in chunks)
+    (body,) = usage.bodies
+    assert _include_usage(body) is True  # tpm is reconciled with the usage: it is asked for
+    (line,) = lines.wait(1)
+    assert line["tokens"] == {"input": CHEAP.input, "output": CHEAP.output}
+    assert line["cost_usd"] is None
+
+
+def test_a_priced_completions_stream_asks_too(lines):
+    toml = f"""
+[[backends]]
+name = "mock"
+url = "mock://"
+provider = "mock"
+
+[[routes]]
+name = "all"
+models = ["*"]
+backends = ["mock"]
+
+[logging]
+access_log = "all"
+{PRICES}
+"""
+    gw = GatewayServer(gateway_config(toml)).start()
+    try:
+        chunks = list(
+            oai(gw).completions.create(
+                model="gpt-4o-mini", prompt="one two three", max_tokens=5, stream=True
+            )
+        )
+    finally:
+        gw.stop()
+    assert all(c.choices and c.usage is None for c in chunks)
+    (line,) = lines.wait(1)
+    assert line["tokens"] == {"input": 3, "output": 5}  # the mock's usage chunk, read
+    assert line["cost_usd"] == pytest.approx((3 * GPT["input"] + 5 * GPT["output"]) / 1e6)
+
+
 def test_a_cached_stream_replays_usage_only_to_a_client_that_asks(usage, lines):
     usage.figures = Figures(input=300, output=40)
     usage.bodies.clear()
@@ -215,6 +270,55 @@ def test_a_client_that_cuts_the_stream_is_charged_what_was_relayed(lines):
         held.release.set()
         gw.stop()
         upstream.stop()
+
+
+def _event(kind: str, obj: dict[str, object]) -> bytes:
+    return f"event: {kind}\n".encode() + b"data: " + orjson.dumps({"type": kind, **obj}) + b"\n\n"
+
+
+class HeldMessages(HeldStream):
+    """An Anthropic messages stream: ``message_start`` reports the input (and 1 output token),
+    :data:`RELAYED` text deltas follow, then it holds; its final output count never comes."""
+
+    async def handle(self, req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        usage = {"input_tokens": 700, "output_tokens": 1}
+        message = {"id": "msg_h", "type": "message", "role": "assistant", "model": "claude-x"}
+        message |= {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
+        writer.write(sse_head() + chunk(_event("message_start", {"message": message})))
+        block = {"index": 0, "content_block": {"type": "text", "text": ""}}
+        writer.write(chunk(_event("content_block_start", block)))
+        delta = {"index": 0, "delta": {"type": "text_delta", "text": "word"}}
+        for _ in range(RELAYED):
+            writer.write(chunk(_event("content_block_delta", delta)))
+        await writer.drain()
+        await asyncio.to_thread(self.release.wait, 20)
+        return False
+
+
+def test_a_cut_messages_stream_is_charged_its_reported_input_and_the_relayed_output(lines):
+    held = HeldMessages()
+    upstream = ScriptedUpstream(held.handle).start()
+    gw = GatewayServer(gateway_config(routes(upstream.url))).start()
+    try:
+        client = anthropic.Anthropic(base_url=gw.url, api_key="sk-none", max_retries=0)
+        stream = client.messages.create(
+            model="claude-x", max_tokens=1000, messages=MSG, stream=True
+        )
+        deltas = 0
+        for event in stream:
+            deltas += event.type == "content_block_delta"
+            if deltas == RELAYED:
+                break
+        stream.close()
+        (line,) = lines.wait(1)
+    finally:
+        held.release.set()
+        gw.stop()
+        upstream.stop()
+    assert line["status"] == 499
+    assert line["tokens"] == {"input": 700, "output": RELAYED}  # input as reported
+    want = (700 * CLAUDE["input"] + RELAYED * CLAUDE["output"]) / 1e6
+    assert line["cost_usd"] == pytest.approx(want, rel=1e-12)
 
 
 def test_the_usage_chunk_is_recognised_by_its_shape():
