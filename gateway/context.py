@@ -66,6 +66,10 @@ class Timeline:
     #: seconds waited between upstream attempts (retry backoff, an honoured Retry-After):
     #: neither the upstream's time nor the gateway's own (docs/spec.md §6)
     backoff: float = 0.0
+    #: the event loop's largest lag while the request ran, in seconds (read at its end; None:
+    #: not measured): time the loop was busy elsewhere, which the socket stamps count in the
+    #: interval they close (docs/architecture.md, "The Timeline")
+    loop_lag: float | None = None
 
     def __init__(self) -> None:
         self.wall_ns = time.time_ns()

@@ -95,19 +95,24 @@ async def from_upstream(
     ctx.upstream_headers.append(_UPSTREAM_STREAM_CODING if call.stream else _UPSTREAM_CODING)
     entry: Entry | None = None
     cut: UpstreamStreamError | None = None
+    body = call.body
+    asked = ask_usage(rt, ctx, call) if call.stream else None
+    if asked is not None:
+        body = asked
     try:
         if owner is None:
             resp, attempt = await rt.upstream.forward(
-                ctx, route.backends, call.body, cfg.retries, cfg.retry_on_timeout
+                ctx, route.backends, body, cfg.retries, cfg.retry_on_timeout
             )
         else:
             resp, attempt = await rt.upstream.forward(
-                ctx, (owner,), call.body, cfg.retries, cfg.retry_on_timeout, pinned=True
+                ctx, (owner,), body, cfg.retries, cfg.retry_on_timeout, pinned=True
             )
         if call.stream and resp.status == 200:
             tee = StreamTee(plan) if plan is not None else None
             idle = attempt.backend.config.stream_idle_timeout_s
-            cut = await SSERelay(ctx, api, resp, attempt, out, idle, tee).run(receive)
+            relay = SSERelay(ctx, api, resp, attempt, out, idle, tee, asked is not None)
+            cut = await relay.run(receive)
             collector = plan.collector if plan is not None else None
             if collector is not None and cut is None and not ctx.disconnected:
                 entry = collector.entry(time.time())
@@ -119,6 +124,16 @@ async def from_upstream(
         if plan is not None:
             error_event = cut.sse_event() if cut is not None else None
             await rt.cache.complete(ctx, plan, entry, error_event)
+
+
+def ask_usage(rt: Runtime, ctx: RequestContext, call: Call) -> bytes | None:
+    """docs/spec.md §20, nothing unbilled: a stream whose model has a price, or whose key
+    reserved tokens (``tpm``), asks its upstream for usage when the client did not (chat
+    completions and completions: ``stream_options.include_usage``); the relay then keeps the
+    usage chunk from the client. Returns the body to send upstream instead (None: unchanged)."""
+    if not ctx.answer.reserved_tokens and rt.auth.prices.for_request(ctx) is None:
+        return None
+    return BY_PATH[call.path].ask_usage(call.body, call.payload)
 
 
 async def replay(

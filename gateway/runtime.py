@@ -74,7 +74,9 @@ class Runtime:
         return self.telemetry.tracing
 
     async def start(self) -> None:
-        """Background work of a started runtime (the metrics snapshots of workers > 1)."""
+        """Background work of a started runtime (the event loop's lag, the metrics snapshots
+        of workers > 1)."""
+        self.telemetry.start()
         if self.exposition is not None:
             self.exposition.start()
         if self.fleet is not None:
@@ -93,6 +95,7 @@ class Runtime:
         await self.cache.aclose()
         await self.auth.aclose()  # the last token debits, the limiter's Redis client
         await self.ownership.aclose()
+        self.telemetry.stop()  # on the loop: the lag monitor's timer belongs to it
         # the export thread may wait on a dead collector: keep the loop free meanwhile
         await asyncio.to_thread(self.telemetry.shutdown)
 

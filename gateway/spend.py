@@ -193,6 +193,29 @@ def estimate(
     return input_tokens, most
 
 
+def charge_relayed(ctx: RequestContext, content_events: int) -> None:
+    """A stream the client cut before its usage arrived is charged from what was relayed
+    (docs/spec.md §20, "nothing unbilled"), never $0: the input the upstream did not report is
+    the reservation's estimate (the body's bytes / 4), and the output at least one token per
+    content-bearing event relayed (a chat completions delta is one token; a larger delta counts
+    one: a lower bound). The figures go into the one usage record, so tokens, cost, budget,
+    metrics, span and access log all show them.
+
+    >>> from gateway.context import RequestContext, Timeline
+    >>> ctx = RequestContext({"method": "POST", "path": "/v1/chat/completions"}, Timeline())
+    >>> ctx.call = type("Call", (), {"body": b"x" * 401})()
+    >>> charge_relayed(ctx, 7)
+    >>> ctx.answer.tokens.input, ctx.answer.tokens.output
+    (101, 7)
+    """
+    usage = ctx.answer.tokens
+    call = ctx.call
+    if usage.input is None and call is not None:
+        usage.input = -(-len(call.body) // BYTES_PER_TOKEN)
+    if (usage.output or 0) < content_events:
+        usage.output = content_events
+
+
 # ---------------------------------------------------------------- periods (UTC calendar)
 
 
@@ -281,6 +304,7 @@ __all__ = [
     "PERIOD_CODES",
     "Price",
     "Prices",
+    "charge_relayed",
     "cost",
     "current_period",
     "estimate",

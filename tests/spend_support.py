@@ -222,6 +222,11 @@ class UsageUpstream:
         self.hold: threading.Event | None = None
         #: requests that reached the handler (held ones included)
         self.arrived = 0
+        #: the bodies the gateway sent, in order
+        self.bodies: list[dict[str, Any]] = []
+        #: a chat stream never reports usage, whatever ``stream_options`` asks (an upstream
+        #: that does not know the option)
+        self.deaf = False
 
     def handler(self) -> Handler:
         async def handle(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
@@ -231,12 +236,13 @@ class UsageUpstream:
                 await asyncio.to_thread(hold.wait, HOLD_MAX_S)
             path = req.target.split("?", 1)[0].removeprefix("/v1")
             payload = orjson.loads(req.body) if req.body else {}
+            self.bodies.append(payload)
             model = payload.get("model", "m")
             if not payload.get("stream"):
                 writer.write(http_response(200, json_body(path, model, self.figures)))
                 return True
-            usage = path != "/chat/completions" or bool(
-                (payload.get("stream_options") or {}).get("include_usage")
+            usage = path != "/chat/completions" or (
+                not self.deaf and bool((payload.get("stream_options") or {}).get("include_usage"))
             )
             writer.write(sse_head())
             for event in stream_events(path, model, self.figures, usage):

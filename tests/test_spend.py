@@ -334,12 +334,14 @@ def budgeted(usage: UsageUpstream) -> Iterator[Callable[..., GatewayServer]]:
     def start(**kw: str) -> GatewayServer:
         usage.figures = CHEAP
         usage.hold = None
+        usage.deaf = False
         gw = GatewayServer(gateway_config(keys_toml(usage.url, **kw))).start()  # type: ignore[attr-defined]
         started.append(gw)
         return gw
 
     yield start
     usage.hold = None
+    usage.deaf = False
     for gw in started:
         gw.stop()
 
@@ -532,13 +534,14 @@ def test_a_key_with_a_budget_cannot_spend_around_it(budgeted, usage):
     assert usage.arrived == 3
 
 
-def test_an_answer_that_reports_no_usage_is_charged_its_reservation(budgeted, lines):
+def test_an_answer_that_reports_no_usage_is_charged_its_reservation(budgeted, usage, lines):
     gw = budgeted(key_a="budget_usd = 1.0")
+    usage.deaf = True  # asked for usage (docs/spec.md §20), it sends none
     client = oai(gw, KEY_A)
     chunks = list(
         client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1000, stream=True)
     )
-    assert chunks[-1].usage is None  # no stream_options.include_usage: no usage at all
+    assert chunks[-1].usage is None  # the upstream ignored stream_options.include_usage
     (line,) = lines.wait(1)
     assert line["cost_usd"] == 0.0  # nothing reported...
     body = orjson.dumps({"model": "gpt-4o", "messages": MSG, "max_tokens": 1000, "stream": True})

@@ -77,6 +77,12 @@ class Api:
             cap_tokens(payload, cfg.max_tokens_cap, fields, notes)
         return notes
 
+    def ask_usage(self, body: bytes, payload: dict[str, Any]) -> bytes | None:
+        """The body that asks a stream for its usage, when the API only reports it on request
+        and the client did not ask (docs/spec.md §20, "nothing unbilled"); None: send ``body``
+        as it is. Responses and Messages streams report usage in their final events anyway."""
+        return None
+
     # ------------------------------------------------------------ answers
 
     def note_answer(self, answer: Answer, obj: Any) -> bool:

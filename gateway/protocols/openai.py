@@ -72,6 +72,34 @@ def _note_choice(answer: Answer, choice: dict[str, Any]) -> bool:
     return content
 
 
+#: spliced after a body's opening brace when it has no ``stream_options`` at all
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+def ask_usage(body: bytes, payload: dict[str, Any]) -> bytes | None:
+    """``stream_options.include_usage = true`` in a chat or completions stream's body
+    (docs/spec.md §20); None when the client asked for usage itself.
+
+    A body without ``stream_options`` keeps its bytes, the option spliced in front of them
+    (no second serialisation); one with other stream options is serialised again.
+
+    >>> ask_usage(b'{"model":"m"}', {"model": "m"})
+    b'{"stream_options":{"include_usage":true},"model":"m"}'
+    >>> ask_usage(b"{}", {"stream_options": {"include_usage": True}}) is None
+    True
+    >>> ask_usage(b"{}", {"stream_options": {"include_obfuscation": False}})
+    b'{"stream_options":{"include_obfuscation":false,"include_usage":true}}'
+    """
+    if "stream_options" not in payload:
+        start = body.find(b"{") + 1
+        return body[:start] + _INCLUDE_USAGE + body[start:]
+    opts = payload["stream_options"]
+    if isinstance(opts, dict) and opts.get("include_usage") is True:
+        return None
+    options = {**opts, "include_usage": True} if isinstance(opts, dict) else {"include_usage": True}
+    return orjson.dumps({**payload, "stream_options": options})
+
+
 class _OpenAIApi(Api):
     def note_answer(self, answer: Answer, obj: Any) -> bool:
         return note_choices(answer, obj) if isinstance(obj, dict) else False
@@ -96,6 +124,9 @@ class _OpenAIApi(Api):
 class ChatCompletions(_OpenAIApi):
     operation = "chat"
     cacheable = True
+
+    def ask_usage(self, body: bytes, payload: dict[str, Any]) -> bytes | None:
+        return ask_usage(body, payload)
 
     def validate(self, payload: dict[str, Any]) -> None:
         super().validate(payload)
@@ -142,6 +173,9 @@ def window_messages(
 class Completions(_OpenAIApi):
     operation = "text_completion"
     cacheable = True
+
+    def ask_usage(self, body: bytes, payload: dict[str, Any]) -> bytes | None:
+        return ask_usage(body, payload)
 
     def validate(self, payload: dict[str, Any]) -> None:
         super().validate(payload)

@@ -31,6 +31,7 @@ from gateway.encoding import Encoder, make_encoder
 from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
 from gateway.headers import DROP_RESPONSE, copy_headers, header_value, upstream_request_id
 from gateway.protocols import Api
+from gateway.spend import charge_relayed
 from gateway.streaming.bodies import (
     decode_end,
     decode_step,
@@ -71,6 +72,7 @@ class SSERelay:
         "_parser",
         "api",
         "attempt",
+        "content",
         "ctx",
         "cut",
         "idle_timeout",
@@ -78,6 +80,7 @@ class SSERelay:
         "out",
         "resp",
         "state",
+        "strip_usage",
         "tee",
     )
 
@@ -90,6 +93,7 @@ class SSERelay:
         out: ResponseWriter,
         idle_timeout: float,
         tee: Tee | None = None,
+        strip_usage: bool = False,
     ) -> None:
         self.ctx = ctx
         self.api = api
@@ -102,6 +106,11 @@ class SSERelay:
         self.cut: UpstreamStreamError | None = None
         #: the JSON of the last relayed event that had one (the error event may continue it)
         self.last: Any = None
+        #: content-bearing events relayed (what a client that cuts the stream is charged for)
+        self.content = 0
+        #: the gateway asked the upstream for usage the client did not ask for: its usage chunk
+        #: is read (and teed into the cache) but not relayed (docs/spec.md §20)
+        self.strip_usage = strip_usage
         self._parser = SSEParser()
         self._decoder = stream_decoder(header_value(resp.headers, b"content-encoding"))
         self._encoder: Encoder = make_encoder(ctx.coding, stream=True)
@@ -173,6 +182,7 @@ class SSERelay:
         now = time.perf_counter()
         out: list[bytes] = []
         last = self.last
+        content = 0
         for raw in events:
             data = event_data(raw)
             obj: Any = None
@@ -183,30 +193,36 @@ class SSERelay:
                     obj = None
                 else:
                     last = obj
-                if api.note_answer(answer, obj) and timeline.first_content is None:
-                    timeline.first_content = now
-            out.append(raw)
+                if api.note_answer(answer, obj):
+                    content += 1
+                    if timeline.first_content is None:
+                        timeline.first_content = now
             if tee is not None:
                 tee(raw, data, obj)
+            if self.strip_usage and _usage_only(obj):
+                continue  # read for spend and the cache; the client did not ask for it
+            out.append(raw)
             if api.is_end(raw, data, obj):
                 self.state = State.DONE  # nothing after the end marker is part of the answer
                 break
         self.last = last
-        if timeline.last_event is not None:
-            if timeline.event_gaps is None:
-                timeline.event_gaps = []
-            timeline.event_gaps.append(now - timeline.last_event)
-        timeline.last_event = now
+        self.content += content
+        _event_gap(timeline, now)
         if not self.out.started:
-            headers = list(SSE_HEADERS)
-            headers.extend(copy_headers(self.resp.headers, _DROP_SSE))
-            headers.extend(upstream_request_id(self.resp.headers))
-            headers.extend(self._encoder.headers)
-            await self.out.start(200, headers)
-            if self.state is State.AWAITING_FIRST:
-                self.state = State.STREAMING
-        encoder = self._encoder
-        await self.out.body(encoder.encode(b"".join(out)) + encoder.flush(), more=True)
+            await self._start()
+        if out:
+            encoder = self._encoder
+            await self.out.body(encoder.encode(b"".join(out)) + encoder.flush(), more=True)
+
+    async def _start(self) -> None:
+        """The response's head, with the first events."""
+        headers = list(SSE_HEADERS)
+        headers.extend(copy_headers(self.resp.headers, _DROP_SSE))
+        headers.extend(upstream_request_id(self.resp.headers))
+        headers.extend(self._encoder.headers)
+        await self.out.start(200, headers)
+        if self.state is State.AWAITING_FIRST:
+            self.state = State.STREAMING
 
     def _on_upstream_end(self) -> None:
         what = f"ended without {self.api.end_marker}"
@@ -229,6 +245,7 @@ class SSERelay:
 
     def _on_client_gone(self) -> None:
         self.state = State.GONE
+        charge_relayed(self.ctx, self.content)  # cut before its usage arrived: never $0
 
     def _cut(self, cut: UpstreamStreamError) -> None:
         self.cut = cut
@@ -249,6 +266,20 @@ class SSERelay:
     async def _close_upstream(self) -> None:
         upstream_finished(self.ctx, self.attempt, self.resp)
         await self.resp.aclose()
+
+
+def _event_gap(timeline: Timeline, now: float) -> None:
+    """The time since the previous relayed events (the live view's gaps)."""
+    if timeline.last_event is not None:
+        if timeline.event_gaps is None:
+            timeline.event_gaps = []
+        timeline.event_gaps.append(now - timeline.last_event)
+    timeline.last_event = now
+
+
+def _usage_only(obj: Any) -> bool:
+    """The usage chunk of ``stream_options.include_usage``: ``choices: []`` with a usage."""
+    return type(obj) is dict and obj.get("choices") == [] and obj.get("usage") is not None
 
 
 class _IdleWatchdog(Deadline):

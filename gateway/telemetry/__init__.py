@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.context import RequestContext
 from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.loop_lag import LoopLag
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.server_timing import edge_intervals, server_timing
 from gateway.telemetry.spans import EdgeHop
@@ -37,6 +38,15 @@ class Telemetry:
         self._sinks: tuple[Sink, ...] = (metrics, *sinks) if metrics is not None else tuple(sinks)
         self._traced = tracing.enabled
         self._capture = tracing.capture_content
+        #: the event loop's lag, for the metric and the root span (None: neither is on)
+        self.loop_lag: LoopLag | None = None
+        if metrics is not None or self._traced:
+            self.loop_lag = LoopLag(metrics.loop_lag if metrics is not None else None)
+
+    def start(self) -> None:
+        """Background work on the running loop: the lag monitor."""
+        if self.loop_lag is not None:
+            self.loop_lag.start()
 
     def begin(self, ctx: RequestContext) -> None:
         """Trace ids for a new request; when not tracing, stay transparent to the client's."""
@@ -62,11 +72,19 @@ class Telemetry:
         return headers
 
     def finish(self, ctx: RequestContext) -> None:
+        trace = ctx.trace
+        if self._traced and trace is not None and trace.sampled and self.loop_lag is not None:
+            ctx.timeline.loop_lag = self.loop_lag.worst_since(ctx.timeline.received)  # for spans
         edges = edge_intervals(ctx)
         self.tracing.finish(ctx, edges)
         self.access_log.record(ctx)
         for sink in self._sinks:
             sink(ctx, edges)
+
+    def stop(self) -> None:
+        """End the background work :meth:`start` began (on the loop that runs it)."""
+        if self.loop_lag is not None:
+            self.loop_lag.stop()
 
     def shutdown(self) -> None:
         self.tracing.shutdown()

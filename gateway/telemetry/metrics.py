@@ -148,6 +148,15 @@ class Metrics:
             self.upstream_duration,
         )
         self.histograms = (*self.histograms, self.overhead, self.ttft, self.hops)
+        #: read by :class:`gateway.telemetry.loop_lag.LoopLag` every 100 ms, not per request
+        self.loop_lag = Histogram(
+            "gateway_event_loop_lag_seconds",
+            "How late the event loop ran a callback due every 100 ms: time it was busy "
+            "elsewhere, which socket stamps count in the interval they close",
+            (),
+            FINE_BUCKETS,
+        )
+        self.histograms = (*self.histograms, self.loop_lag)
         #: route name -> its literal (glob-free) model patterns
         self._literal = {
             name: frozenset(p for p in patterns if not set(p) & set("*?["))

@@ -550,6 +550,8 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
     ]
     if ctx.timeline.backoff:  # waited between attempts: neither upstream nor gateway time
         attrs.append(_f("gateway.backoff_ms", _ms(ctx.timeline.backoff)))
+    if ctx.timeline.loop_lag is not None:  # how much of the times above was a busy loop
+        attrs.append(_f("gateway.event_loop.lag_ms", _ms(ctx.timeline.loop_lag)))
     ttft = ctx.ttft()
     if ttft is not None:
         attrs.append(_f("gateway.ttft_ms", _ms(ttft)))
