@@ -101,7 +101,7 @@ def run(args: list[str], home: Path, env: dict[str, str]) -> str:
 
 
 def claude(gw: GatewayServer, home: Path, path: str, setup: str) -> dict[str, Any]:
-    """Claude Code in print mode; its MCP server ``gw`` added with ``claude mcp add`` or given
+    """Claude Code in print mode; its MCP server ``gateway`` added with ``claude mcp add`` or given
     with ``--mcp-config``; the one tool it may call is the gateway's echo."""
     exe, url = binary("claude"), gw.url + path
     key = KEYS["claude-code"]
@@ -112,14 +112,18 @@ def claude(gw: GatewayServer, home: Path, path: str, setup: str) -> dict[str, An
         "DISABLE_AUTOUPDATER": "1",
         "ENABLE_TOOL_SEARCH": "false",  # MCP tools offered to the model, not deferred
     }
-    tool = "mcp__gw__builtin__echo" if path == "/mcp" else "mcp__gw__echo"
+    tool = "mcp__gateway__builtin__echo" if path == "/mcp" else "mcp__gateway__echo"
     args = [exe, "-p", "Echo something", "--output-format", "json", "--allowedTools", tool]
     if setup == "mcp add":
         header = f"Authorization: Bearer {key}"
-        run([exe, "mcp", "add", "--transport", "http", "gw", url, "--header", header], home, env)
+        run(
+            [exe, "mcp", "add", "--transport", "http", "gateway", url, "--header", header],
+            home,
+            env,
+        )
     else:
         servers = {
-            "gw": {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {key}"}}
+            "gateway": {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {key}"}}
         }
         (home / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
         args += ["--mcp-config", str(home / "mcp.json"), "--strict-mcp-config"]
@@ -129,7 +133,7 @@ def claude(gw: GatewayServer, home: Path, path: str, setup: str) -> dict[str, An
 
 def codex(gw: GatewayServer, home: Path, path: str) -> str:
     """``codex exec`` with the gateway as its model provider (Responses API) and as its MCP
-    server ``gw`` (bearer token from an env var, tools approved in the config)."""
+    server ``gateway`` (bearer token from an env var, tools approved in the config)."""
     (home / ".codex").mkdir()
     (home / ".codex" / "config.toml").write_text(
         f"""
@@ -142,7 +146,7 @@ base_url = "{gw.base_url}"
 env_key = "GATEWAY_KEY"
 wire_api = "responses"
 
-[mcp_servers.gw]
+[mcp_servers.gateway]
 url = "{gw.url + path}"
 bearer_token_env_var = "GATEWAY_KEY"
 default_tools_approval_mode = "approve"
@@ -180,7 +184,7 @@ def test_claude_code_calls_a_tool_through_the_gateway(gateway, access_lines, tmp
     gw = gateway(agents_config())
     result = claude(gw, tmp_path, path, setup)
     assert result["is_error"] is False and result["permission_denials"] == []
-    tool = "mcp__gw__builtin__echo" if path == "/mcp" else "mcp__gw__echo"
+    tool = "mcp__gateway__builtin__echo" if path == "/mcp" else "mcp__gateway__echo"
     assert result["result"].startswith(f"The {tool} tool returned: ")  # the mock quotes it
     assert result["num_turns"] == 2
     assert_one_tool_call_between_model_calls(access_lines, "claude-code", "/v1/messages", path)
@@ -196,7 +200,7 @@ def test_codex_calls_a_tool_through_the_gateway(gateway, access_lines, tmp_path,
     gw = gateway(agents_config())
     out = codex(gw, tmp_path, path)
     tool = "builtin__echo" if path == "/mcp" else "echo"
-    assert f"mcp: gw/{tool} (completed)" in out, out
+    assert f"mcp: gateway/{tool} (completed)" in out, out
     assert f"The {tool} tool returned: " in out, out  # the mock quotes the result
     assert_one_tool_call_between_model_calls(access_lines, "codex", "/v1/responses", path)
     server = "*" if path == "/mcp" else "builtin"
