@@ -39,10 +39,12 @@ values), so agent frameworks' tool loops and ``parse`` helpers run on the mock:
 
 - a request offering function tools (``tool_choice`` not ``none``) whose conversation does not
   end with tool results is answered with one call of the first tool (or the one ``tool_choice``
-  names), its arguments made to fit the tool's JSON schema: chat ``tool_calls``
-  (finish_reason ``tool_calls``), a Responses ``function_call`` item, a Messages ``tool_use``
-  block (stop_reason ``tool_use``); streamed as each API streams them, one argument piece per
-  token. A tool call is always answered whole (the length limits do not cut it);
+  names; an agent CLI's MCP tool, ``mcp__…``, before its own), its arguments made to fit the
+  tool's JSON schema: chat ``tool_calls`` (finish_reason ``tool_calls``), a Responses
+  ``function_call`` item (with its ``namespace`` for a namespace tool's function), a Messages
+  ``tool_use`` block (stop_reason ``tool_use``); streamed as each API streams them, one
+  argument piece per token. A tool call is always answered whole (the length limits do not cut
+  it);
 - a conversation ending with tool results is answered with text that quotes them
   ("The get_weather tool returned: …");
 - a JSON answer asked for (chat ``response_format`` json_schema / json_object, Responses
@@ -734,6 +736,8 @@ def _responses_output(
         "name": name,
         "arguments": arguments,
     }
+    if turn.namespace is not None:  # a function of a ``namespace`` tool says which
+        item["namespace"] = turn.namespace
     return pieces(arguments), False, item
 
 

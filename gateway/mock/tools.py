@@ -7,8 +7,10 @@ and structured outputs run on the mock:
   ``function_call_output`` items; Messages: ``tool_result`` blocks) → the answer mentions them
   (``results``), as JSON if a schema is asked for;
 - else the request offers function tools and does not forbid them (``tool_choice`` ``none``)
-  → ``call``: the tool ``tool_choice`` names, else the first one, with its JSON-schema
-  parameters;
+  → ``call``: the tool ``tool_choice`` names, else the first MCP tool (named ``mcp__…`` as
+  Claude Code names them, or in a Responses ``namespace`` named ``mcp__…`` as Codex offers
+  them: an agent CLI pointed at the gateway calls a tool of its MCP servers, not its shell),
+  else the first one, with its JSON-schema parameters;
 - else a JSON answer is asked for (chat ``response_format``, Responses ``text.format``,
   Messages ``output_config.format`` / ``output_format``) → ``schema``.
 
@@ -22,6 +24,9 @@ endpoint answers 400).
 ...         {"role": "tool", "tool_call_id": "c1", "content": "2"}]
 >>> chat_turn({"messages": done, "tools": tools}).results
 'The add tool returned: 2'
+>>> mcp = {"type": "function", "function": {"name": "mcp__gw__echo", "parameters": {}}}
+>>> chat_turn({"messages": [{"role": "user", "content": "hi"}], "tools": [*tools, mcp]}).call[0]
+'mcp__gw__echo'
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ JSON_OBJECT = {
 }
 #: the parameters of a tool that declares none
 _NO_PARAMETERS = {"type": "object", "properties": {}}
+#: how agent CLIs name their MCP servers' tools (Claude Code) or tool namespaces (Codex)
+MCP_PREFIX = "mcp__"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,8 @@ class Turn:
     results: str | None = None
     #: the JSON schema the answer must match (None: plain text)
     schema: Any = None
+    #: the Responses ``namespace`` tool the called function belongs to
+    namespace: str | None = None
 
 
 def mention(results: list[tuple[str | None, Any]]) -> str:
@@ -69,13 +78,21 @@ def _text_of(content: Any) -> str:
     return orjson.dumps(content).decode() if content is not None else ""
 
 
+def _is_mcp(name: str | None) -> bool:
+    return name is not None and name.startswith(MCP_PREFIX)
+
+
 def _pick(tools: list[tuple[str, Any]], named: str | None) -> tuple[str, Any]:
     if named is None:
-        return tools[0]
+        return next((t for t in tools if _is_mcp(t[0])), tools[0])
     for tool in tools:
         if tool[0] == named:
             return tool
-    raise ValueError(f"tool_choice names {named!r}, which is not one of the request's tools")
+    raise _not_offered(named)
+
+
+def _not_offered(named: str) -> ValueError:
+    return ValueError(f"tool_choice names {named!r}, which is not one of the request's tools")
 
 
 def _format_schema(fmt: Any) -> Any:
@@ -147,18 +164,33 @@ def responses_turn(payload: dict[str, Any]) -> Turn | None:
     schema = _format_schema(text.get("format")) if isinstance(text, dict) else None
     if isinstance(raw, list) and raw[-1].get("type") == "function_call_output":
         return Turn(results=mention(_responses_results(raw)), schema=schema)
-    tools = [
-        (t["name"], t.get("parameters") or _NO_PARAMETERS)
-        for t in payload.get("tools") or ()
-        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str)
-    ]
+    tools = _responses_functions(payload.get("tools") or (), None)
     choice = payload.get("tool_choice")
     if tools and choice != "none":
-        named = None
         if isinstance(choice, dict) and choice.get("type") == "function":
             named = str(choice.get("name"))
-        return Turn(call=_pick(tools, named))
+            picked = [t for t in tools if t[0] == named]
+            if not picked:
+                raise _not_offered(named)
+        else:
+            picked = [t for t in tools if _is_mcp(t[0]) or _is_mcp(t[2])] or tools
+        name, parameters, namespace = picked[0]
+        return Turn(call=(name, parameters), namespace=namespace)
     return Turn(schema=schema) if schema is not None else None
+
+
+def _responses_functions(tools: Any, namespace: str | None) -> list[tuple[str, Any, str | None]]:
+    """(name, parameters, namespace) of the function tools, those of ``namespace`` tools too."""
+    found: list[tuple[str, Any, str | None]] = []
+    for t in tools:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            continue
+        if t.get("type") == "function":
+            found.append((t["name"], t.get("parameters") or _NO_PARAMETERS, namespace))
+        elif t.get("type") == "namespace" and namespace is None:  # (not nested twice)
+            inner = t.get("tools")
+            found.extend(_responses_functions(inner if isinstance(inner, list) else (), t["name"]))
+    return found
 
 
 def _responses_results(items: list[dict[str, Any]]) -> list[tuple[str | None, Any]]:

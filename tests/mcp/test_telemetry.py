@@ -4,40 +4,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
-from typing import Any
 
 import httpx2
 import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.mcp.mcp_support import KEY, McpUpstream, keys_section, mcp_client, mcp_config
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver
 from tests.spend_support import sample
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(orjson.loads(record.getMessage()))
-
-
-@pytest.fixture
-def access_lines() -> Iterator[list[dict[str, Any]]]:
-    logger = logging.getLogger(ACCESS_LOGGER)
-    handler = _Lines()
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
 
 
 @pytest.fixture

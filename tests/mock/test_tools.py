@@ -77,6 +77,32 @@ def test_turns_follow_the_conversation_and_the_tool_choice():
     assert messages_turn({"messages": ASK, "tools": MESSAGES_TOOLS, "tool_choice": none}) is None
 
 
+def test_an_mcp_tool_is_called_before_the_others():
+    """Agent CLIs offer their own tools first; the mock calls one of their MCP servers' tools:
+    ``mcp__{server}__{tool}`` (Claude Code) or a function of a ``mcp__{server}`` namespace
+    (Codex, Responses)."""
+    mcp = {"name": "mcp__gw__echo", "input_schema": {"type": "object"}}
+    shell = {"name": "Bash", "input_schema": {"type": "object"}}
+    turn = messages_turn({"messages": ASK, "tools": [shell, mcp]})
+    assert turn == Turn(call=("mcp__gw__echo", {"type": "object"}))
+    chat_mcp = {"type": "function", "function": {"name": "mcp__gw__echo"}}
+    turn = chat_turn({"messages": ASK, "tools": [*CHAT_TOOLS, chat_mcp]})
+    assert turn is not None and turn.call is not None and turn.call[0] == "mcp__gw__echo"
+    echo = {"type": "function", "name": "builtin__echo", "parameters": {"type": "object"}}
+    namespace = {"type": "namespace", "name": "mcp__gw", "tools": ["odd", echo]}
+    deeper = {"type": "namespace", "name": "outer", "tools": [namespace]}  # not nested twice
+    empty = {"type": "namespace", "name": "mcp__empty", "tools": "none"}
+    tools = [*RESPONSES_TOOLS, {"type": "namespace"}, empty, deeper, namespace]
+    turn = responses_turn({"input": "x", "tools": tools})
+    assert turn == Turn(call=("builtin__echo", {"type": "object"}), namespace="mcp__gw")
+    named = {"type": "function", "name": "get_weather"}
+    turn = responses_turn({"input": "x", "tools": tools, "tool_choice": named})
+    assert turn == Turn(call=("get_weather", WEATHER))  # tool_choice still wins
+    assert responses_turn({"input": "x", "tools": RESPONSES_TOOLS}) == Turn(
+        call=("get_weather", WEATHER)
+    )
+
+
 def test_parallel_tool_results_are_all_mentioned_by_name():
     calls = [
         {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}},
@@ -221,6 +247,12 @@ def test_responses_with_a_function_tool_answer_a_function_call():
     assert none.output[0].type == "message"
     bad = post("/responses", {**body, "tool_choice": {"type": "function", "name": "x"}})
     assert bad.status == 400 and json_of(bad)["error"]["param"] == "tool_choice"
+    echo = {"type": "function", "name": "builtin__echo", "parameters": {"type": "object"}}
+    namespaced = {"type": "namespace", "name": "mcp__gw", "tools": [echo]}
+    body = {**body, "tools": [*RESPONSES_TOOLS, namespaced]}
+    [item] = json_of(post("/responses", body))["output"]  # (the SDK's types know no namespace)
+    assert item["type"] == "function_call" and item["name"] == "builtin__echo"
+    assert item["namespace"] == "mcp__gw"  # Codex routes the call by it
 
 
 def test_responses_function_call_stream_is_the_real_event_sequence():
