@@ -27,8 +27,9 @@ budget its limits are checked by :meth:`Auth.admit` once the router parsed the b
 tokens and requests in one step (one Redis script), reserving the request's worst case
 (:func:`gateway.spend.estimate`). The end of the request (:meth:`Auth.finished`) replaces the
 reservation with the usage the upstream reported and its cost; a cache hit costs nothing; an
-answer that completed without reporting usage (a chat stream without
-``stream_options.include_usage``) keeps its reservation as its cost. A key with a budget may
+answer that completed without reporting usage (an upstream that ignored the
+``stream_options.include_usage`` the gateway asked for) keeps its reservation as its cost; a
+stream the client cut is charged what was relayed (:func:`gateway.spend.charge_relayed`). A key with a budget may
 not call a model without a price (403 ``model_not_priced``: it could spend unmetered), and may
 not use the passthrough paths (``/v1/*`` that are no model call: nothing meters them) unless it
 is an admin key — 403 ``budget_passthrough``; reading or cancelling a stored response
