@@ -29,11 +29,11 @@ tokens and requests in one step (one Redis script), reserving the request's wors
 reservation with the usage the upstream reported and its cost; a cache hit costs nothing; an
 answer that completed without reporting usage (an upstream that ignored the
 ``stream_options.include_usage`` the gateway asked for) keeps its reservation as its cost; a
-stream the client cut is charged what was relayed (:func:`gateway.spend.charge_relayed`). A key with a budget may
-not call a model without a price (403 ``model_not_priced``: it could spend unmetered), and may
-not use the passthrough paths (``/v1/*`` that are no model call: nothing meters them) unless it
-is an admin key — 403 ``budget_passthrough``; reading or cancelling a stored response
-(docs/spec.md §22) spends nothing and stays open.
+stream the client cut is charged what was relayed (:func:`gateway.spend.charge_relayed`). A
+key with a budget may not call a model without a price (403 ``model_not_priced``: it could
+spend unmetered), and may not use the passthrough paths (``/v1/*`` that are no model call:
+nothing meters them) unless it is an admin key — 403 ``budget_passthrough``; reading or
+cancelling a stored response (docs/spec.md §22) spends nothing and stays open.
 
 The tenant names the cache scope (docs/spec.md §10), the ``gateway.tenant`` span attribute, the
 access log's ``tenant``, the cost metric and the live view's records.

@@ -469,6 +469,11 @@ class MemoryLimits:
             if state is not None and entry is not None:
                 state.held[rid] = (entry[0], entry[1], expiry)
 
+    def made_in(self, rid: str) -> dict[str, int] | None:
+        """The period each budget of a live request was admitted in (None: no such request)."""
+        record = self._records.get(rid)
+        return dict(record[3]) if record is not None else None
+
     def settle_now(self, a: Allowance, spent: Spent) -> None:
         record = self._records.pop(spent.rid, None) if spent.rid else None
         settled = spent.rid in self._settled
@@ -671,14 +676,23 @@ class RedisLimits:
             shared=True,
         )
 
-    def _settle_args(self, a: Allowance, rid: str, spent: Spent) -> tuple[bytes, ...]:
-        codes = tuple(b"%d" % b.code if b else b"-1" for b in (a.key_budget, a.tenant_budget))
+    def _settle_args(
+        self, a: Allowance, rid: str, spent: Spent, made: dict[str, int] | None = None
+    ) -> tuple[bytes, ...]:
+        budgets = (a.key_budget, a.tenant_budget)
+        codes = tuple(b"%d" % b.code if b else b"-1" for b in budgets)
+        # the period each budget's request was admitted in here (-1: unknown), for a request
+        # Redis has no record of: its cost is booked there, as this process books it
+        periods = tuple(b"%d" % (made or {}).get(b.id, -1) if b else b"-1" for b in budgets)
         return (self._ttl, a.head[1], b"%d" % spent.tokens, b"%d" % spent.cost, *codes,
-                rid.encode(), _SETTLED)  # fmt: skip
+                rid.encode(), _SETTLED, *periods)  # fmt: skip
 
-    def _owe(self, a: Allowance, rid: str, spent: Spent) -> None:
+    def _owe(
+        self, a: Allowance, rid: str, spent: Spent, made: dict[str, int] | None = None
+    ) -> None:
         """Keep a settlement Redis did not confirm, to replay (at most once) when it answers."""
-        self._ledger[rid] = (a, self._keys(a, rid), self._settle_args(a, rid, spent), spent.cost)
+        args = self._settle_args(a, rid, spent, made)
+        self._ledger[rid] = (a, self._keys(a, rid), args, spent.cost)
         for b in a.budgets:
             self._owed[b.id] = self._owed.get(b.id, 0) + spent.cost
         if self._flushing is None or self._flushing.done():
@@ -694,15 +708,16 @@ class RedisLimits:
     async def settle(self, a: Allowance, spent: Spent) -> None:
         rid = spent.rid or new_rid()
         self._live.pop(rid, None)
+        made = self.local.made_in(rid)
         self.local.settle_now(a, spent)
         if rid in self._ledger:
             return  # owed already: the replay carries it
-        args = self._settle_args(a, rid, spent)
+        args = self._settle_args(a, rid, spent, made)
         keys = self._keys(a, rid)
         try:
             reply = await self._guard.call(lambda: self._settle(keys, args))
         except LimitsUnavailable:
-            self._owe(a, rid, spent)
+            self._owe(a, rid, spent, made)
             return
         self._observe(a, reply)
         if self._ledger:  # Redis answers again: what it missed, now (off the request path)

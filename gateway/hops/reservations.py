@@ -252,7 +252,9 @@ return pack({by == 0 and 1 or 0, retry, rem_r, rem_t, reset_r, reset_t, by, now_
 
 # The end of a request, at most once per request id. KEYS as for the admission. ARGV:
 # reservation ttl, tpm, tokens used, cost, key period code (-1 none), tenant period code, the
-# request's id, record ttl. Returns "now_s key_start key_spent tenant_start tenant_spent again".
+# request's id, record ttl, and the period the key's and the tenant's budget admitted it in where
+# the caller counted it itself (-1: unknown; used only when Redis has no record of it).
+# Returns "now_s key_start key_spent tenant_start tenant_spent again".
 SETTLE_LUA: Final = (
     _PRELUDE
     + """
@@ -284,7 +286,8 @@ for i = 0, 1 do
   if code >= 0 then
     local b = load(KEYS[3 + i], KEYS[5 + i], code)
     if not again then
-      local made = held and tonumber(rec[4 + i]) or b.start
+      local told = tonumber(ARGV[9 + i])
+      local made = held and tonumber(rec[4 + i]) or (told >= 0 and told) or b.start
       if held and rc > 0 then
         local m = rid .. '|' .. fmt(rc) .. '|' .. fmt(made)
         if redis.call('ZREM', b.z, m) == 1 and made == b.start then
