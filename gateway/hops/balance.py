@@ -159,12 +159,21 @@ class Estimate(NamedTuple):
     fill: float | None
 
 
-def estimate(load: Load, sent: float, share: float | None, capacity: float | None) -> Estimate:
+def estimate(
+    load: Load,
+    sent: float,
+    share: float | None,
+    capacity: float | None,
+    in_flight: float = 0.0,
+) -> Estimate:
     """A backend's load now, from its last scrape and the requests ``sent`` it since (net of
     those that finished; negative when more finished), given what its past scrapes taught: the
     KV-cache ``share`` one request takes and its ``capacity`` (requests it runs at once).
 
-    What it holds (running + queued, plus ``sent``) runs up to its capacity; the rest waits.
+    What it holds (running + queued, plus ``sent``; never less than this gateway's own
+    ``in_flight`` there) runs up to its capacity; the rest waits. The floor matters when a
+    request ended at the server just before the scrape and here just after: the scrape no
+    longer counts it, its end here counts again — and the slot would be handed out twice.
     Each running request takes its share of the KV cache. Without a known capacity, a server
     that was queueing queues what is sent, and one that was not keeps its KV usage (this
     gateway's in-flight requests break the tie).
@@ -182,7 +191,7 @@ def estimate(load: Load, sent: float, share: float | None, capacity: float | Non
         if queue > 0 or kv is None:  # queueing (or no KV-cache figure): what is sent waits
             return Estimate(max(0.0, queue + sent), kv, None)
         return Estimate(0.0, kv, None)
-    held = max(0.0, running + queue + sent)
+    held = max(0.0, in_flight, running + queue + sent)
     runs = min(held, capacity)
     if kv is not None:
         if share is not None:
@@ -318,8 +327,9 @@ class Scorer:
         load = known.load
         if load is None or now >= load.until:
             return None
-        sent = (self._outstanding(backend) - known.base) * known.fleet_factor()
-        return estimate(load, sent, self.share(backend), self.capacity(backend))
+        out = self._outstanding(backend)
+        sent = (out - known.base) * known.fleet_factor()
+        return estimate(load, sent, self.share(backend), self.capacity(backend), out)
 
     def score(self, backend: Backend) -> tuple[float, float, float, int]:
         """``least_loaded``'s view of a backend: the wait a request sent now would have, in

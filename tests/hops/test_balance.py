@@ -150,6 +150,23 @@ def test_a_burst_onto_an_idle_one_slot_backend_spreads_by_room():
     assert health.order(backends)[0] is big
 
 
+def test_a_request_that_ended_between_the_scrape_and_here_does_not_free_a_slot_twice():
+    big, small = watched("big", max_queue=100), watched("small", max_queue=100)
+    health, backends = fleet(big, small, strategy="least_loaded")
+    sized(health, big, 4)
+    sized(health, small, 1)
+    first = begin(health, small)
+    for _ in range(3):
+        begin(health, big)
+    # the server finished ``first`` just before this scrape; here it ends just after it
+    load(health, small, queue=0, running=0, kv=0.0)
+    load(health, big, queue=0, running=3, kv=0.75)
+    health.settle(first, SUCCESS)
+    assert burst(health, backends, 1) == ["small"]  # its one slot, once
+    # the scrape's 0 and the end counted here would make it -1 + 1: it holds the one just sent
+    assert burst(health, backends, 1) == ["big"]
+
+
 def test_saturation_is_judged_on_the_estimate_not_the_stale_scrape():
     small, big = watched("small"), watched("big")  # ordered: small first while it has room
     health, backends = fleet(small, big)
