@@ -322,13 +322,17 @@ class Scorer:
 
     def estimate(self, backend: Backend, now: float) -> Estimate | None:
         """Its load now (None: unknown): the last scrape moved by what this gateway sent it
-        since, counted :meth:`Known.fleet_factor` times (the other replicas send too)."""
+        since, net of what ended — more sent than ended is counted :meth:`Known.fleet_factor`
+        times (the other replicas send too); more ended frees that many slots, no more (the
+        others' ends are not seen, and a server with a queue hands a freed slot to it)."""
         known = self._known[backend]
         load = known.load
         if load is None or now >= load.until:
             return None
         out = self._outstanding(backend)
-        sent = (out - known.base) * known.fleet_factor()
+        sent = out - known.base
+        if sent > 0:  # others send too; what ended here freed one slot each, no more
+            sent *= known.fleet_factor()
         return estimate(load, sent, self.share(backend), self.capacity(backend), out)
 
     def score(self, backend: Backend) -> tuple[float, float, float, int]:

@@ -202,6 +202,21 @@ def test_each_replica_leaves_room_for_the_others():
     assert burst(health, backends, 2) == ["big", "small"]
 
 
+def test_what_ends_here_frees_one_slot_each_and_a_queue_takes_it():
+    clock = Clock()
+    a, b = watched("a", max_queue=100), watched("b", max_queue=100)
+    health, _ = fleet(a, b, clock=clock, strategy="least_loaded")
+    mine = [begin(health, a) for _ in range(2)]
+    for _ in range(4):  # it held 4 running and 1 waiting, 2 of them this gateway's
+        load(health, a, queue=1, running=4, kv=1.0)
+    scorer = health._scorer
+    assert scorer.capacity(a) == 4.0 and health._scorer._known[a].fleet_factor() > 2
+    health.settle(mine[0], SUCCESS)
+    est = scorer.estimate(a, clock())
+    # one slot freed, and the request waiting there took it: full, not one free (nor two)
+    assert est is not None and est.queue == 0.0 and est.fill == pytest.approx(5 / 4)
+
+
 def test_the_capacity_a_server_states_and_its_kv_blocks_are_used():
     sg, v0, v1 = watched("sg", max_queue=100), watched("v0", 100), watched("v1", 100)
     health, _ = fleet(sg, v0, v1, strategy="least_loaded")
