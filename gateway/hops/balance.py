@@ -330,7 +330,7 @@ class Scorer:
         if load is None or now >= load.until:
             return None
         out = self._outstanding(backend)
-        sent = out - known.base
+        sent: float = out - known.base
         if sent > 0:  # others send too; what ended here freed one slot each, no more
             sent *= known.fleet_factor()
         return estimate(load, sent, self.share(backend), self.capacity(backend), out)
