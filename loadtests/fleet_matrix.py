@@ -1,7 +1,7 @@
 """Fleet routing at every load shape (docs/spec.md §21, issue 33): one table, p50 / p99 / req/s
 per strategy and row.
 
-    python loadtests/fleet_matrix.py [--duration 12] [--row NAME ...] [--strategy NAME ...]
+    python loadtests/fleet_matrix.py [--duration 15] [--row NAME ...] [--strategy NAME ...]
                                      [--seed 1] [--list]
 
 Each row is a load shape: two model servers (``gateway mock-upstream --capacity N``: at most N
@@ -255,7 +255,7 @@ def table(results: dict[str, dict[str, Result]]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=12.0, help="seconds of load per cell")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds of load per cell")
     p.add_argument("--row", action="append", choices=list(ROWS))
     p.add_argument("--strategy", action="append", choices=list(STRATEGIES))
     p.add_argument("--seed", type=int, default=1)

@@ -184,6 +184,12 @@ def estimate(
     Estimate(queue=1.0, kv=1.0, fill=1.5)
     >>> estimate(Load(3.0, 8.0, 0.9, False, 0, 1), 2, None, None)
     Estimate(queue=5.0, kv=0.9, fill=None)
+    >>> estimate(Load(0.0, 1.0, 0.4, False, 0, 1), 5, None, None)  # size unknown: kv stays
+    Estimate(queue=0.0, kv=0.4, fill=None)
+    >>> estimate(Load(0.0, 2.0, 0.5, False, 0, 1), 1, None, 8.0)  # a stated size, no share yet
+    Estimate(queue=0.0, kv=0.75, fill=0.5)
+    >>> estimate(Load(0.0, 2.0, None, False, 0, 1), -2, None, 8.0, in_flight=1)
+    Estimate(queue=0.0, kv=None, fill=0.25)
     """
     queue, kv = load.queue, load.kv_cache
     running = load.running if load.running is not None else 0.0
