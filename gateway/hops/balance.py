@@ -221,11 +221,13 @@ class Known:
         "load",
         "max_kv",
         "max_queue",
+        "memo",
         "mine",
         "queued_at",
         "scraped_at",
         "seen",
         "share",
+        "size",
         "watched",
     )
 
@@ -245,6 +247,10 @@ class Known:
         self.blocks: float | None = None
         #: requests running while others waited (its capacity, as shown)
         self.queued_at: float | None = None
+        #: (one request's KV-cache share, capacity), worked out by :class:`Scorer` per scrape
+        self.size: tuple[float | None, float | None] = (None, None)
+        #: the last estimate and this gateway's in-flight requests it was made with
+        self.memo: tuple[int, Estimate] | None = None
         #: requests it held, and of them this gateway's, at the scrapes (averages)
         self.seen: float | None = None
         self.mine: float | None = None
@@ -302,6 +308,11 @@ class Scorer:
         if known.share is not None and known.blocks:
             sample = known.share * known.blocks
             self._blocks_per_request = _average(self._blocks_per_request, sample)
+        # what the request path reads, worked out here once a scrape (for every backend: the
+        # blocks per request learned here may size the others)
+        for b, k in self._known.items():
+            k.size = (self.share(b), self.capacity(b))
+            k.memo = None
 
     def load(self, backend: Backend, now: float) -> Load | None:
         """The last scrape's load while it is fresh (None: unknown)."""
@@ -336,10 +347,15 @@ class Scorer:
         if load is None or now >= load.until:
             return None
         out = self._outstanding(backend)
+        memo = known.memo
+        if memo is not None and memo[0] == out:
+            return memo[1]  # nothing sent or ended since it was worked out (nor scraped)
         sent: float = out - known.base
         if sent > 0:  # others send too; what ended here freed one slot each, no more
             sent *= known.fleet_factor()
-        return estimate(load, sent, self.share(backend), self.capacity(backend), out)
+        est = estimate(load, sent, *known.size, out)
+        known.memo = (out, est)
+        return est
 
     def score(self, backend: Backend) -> tuple[float, float, float, int]:
         """``least_loaded``'s view of a backend: the wait a request sent now would have, in
