@@ -14,6 +14,7 @@ dashboard (with its template variables substituted as Grafana would) and of the 
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -78,6 +80,24 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
 #: a crude PromQL reading: anything that looks like one of our metric names
 METRIC_NAME = re.compile(r"\bgateway_[a-z_]+")
 
+#: NVIDIA dcgm-exporter's series that the dashboard's "GPUs" row and the Gpu* alerts read (not
+#: the gateway's: Prometheus scrapes the exporter as job ``dcgm-exporter``), with the labels the
+#: exporter sets on each (framebuffer in MiB, GPU_UTIL in %, the PROF_ ratios 0..1)
+DCGM_LABELS = frozenset(
+    {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
+)
+DCGM: dict[str, frozenset[str]] = dict.fromkeys(
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    ),
+    DCGM_LABELS,
+)
+DCGM_NAME = re.compile(r"\bDCGM_FI_[A-Z_]+")
+
 
 def series_names(contract: Mapping[str, tuple[str, frozenset[str]]] = CONTRACT) -> set[str]:
     """The series names a query may use: histograms as _bucket/_sum/_count, the rest as named."""
@@ -119,11 +139,17 @@ def panels(dashboard: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         yield panel
 
 
-def dashboard_queries(dashboard: Mapping[str, Any]) -> list[Query]:
+def dashboard_queries(dashboard: Mapping[str, Any], source: str = "gateway") -> list[Query]:
+    """The panels' queries of one ``source``: ``gateway`` — of the gateway's own metrics (what
+    a live gateway gives data to, tests/test_prometheus_live.py); ``dcgm`` — of dcgm-exporter's
+    (the "GPUs" row, evaluated against a stand-in exporter, tests/test_dashboards.py); ``all``."""
     out = []
     for panel in panels(dashboard):
         for target in panel.get("targets", []):
             if target.get("hide"):
+                continue
+            dcgm = bool(DCGM_NAME.search(target["expr"]))
+            if source != "all" and dcgm != (source == "dcgm"):
                 continue
             out.append(
                 Query(
@@ -207,7 +233,8 @@ class PromQLError(Exception):
 
 
 class PrometheusServer:
-    """``prometheus`` scraping ``targets`` (host:port) every ``scrape_interval`` as job ``JOB``.
+    """``prometheus`` scraping ``targets`` (host:port) every ``scrape_interval`` as ``job``
+    (``JOB`` unless told).
 
     ``rule_files`` are copied into the server's directory and loaded (evaluated every
     ``evaluation_interval``). ``labels`` are added to every target, like a real scrape config.
@@ -221,8 +248,10 @@ class PrometheusServer:
         evaluation_interval: str = "1s",
         rule_files: Sequence[Path] = (),
         labels: dict[str, str] | None = None,
+        job: str = JOB,
     ) -> None:
         self.targets = list(targets)
+        self.job = job
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval
         self.rule_files = list(rule_files)
@@ -255,7 +284,7 @@ class PrometheusServer:
             "rule_files": rules,
             "scrape_configs": [
                 {
-                    "job_name": JOB,
+                    "job_name": self.job,
                     "metrics_path": "/metrics",
                     "static_configs": [{"targets": self.targets, "labels": self.labels}],
                 }
@@ -405,6 +434,92 @@ class PrometheusServer:
             return len(result) == 1 and float(result[0]["value"][1]) == want
 
         self.wait_for(f"{expr} == {want}", check, timeout)
+
+
+# ---------------------------------------------------------------- a dcgm-exporter stand-in
+
+#: each series' HELP, as dcgm-exporter writes it
+DCGM_HELP = {
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
+    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_PROF_SM_ACTIVE": "The ratio of cycles an SM has at least 1 warp assigned.",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "Ratio of cycles the tensor (HMMA) pipe is active.",
+}
+
+
+@dataclass
+class Gpu:
+    """One GPU as the stand-in reports it."""
+
+    fb_used_mib: float
+    fb_free_mib: float
+    util_percent: float
+    sm_active: float
+    tensor_active: float
+    model: str = "NVIDIA L4"
+
+
+class DcgmExporter:
+    """A stand-in for NVIDIA's dcgm-exporter: ``GET /metrics`` in its text format (its series
+    names, HELP and labels) for the GPUs of one host, served from a thread on a free loopback
+    port. ``gpus`` may be changed between scrapes."""
+
+    def __init__(self, gpus: Sequence[Gpu], hostname: str = "gpu-node-1") -> None:
+        self.gpus = list(gpus)
+        self.hostname = hostname
+        self.port = 0
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    def text(self) -> str:
+        values = {
+            "DCGM_FI_DEV_FB_USED": lambda g: g.fb_used_mib,
+            "DCGM_FI_DEV_FB_FREE": lambda g: g.fb_free_mib,
+            "DCGM_FI_DEV_GPU_UTIL": lambda g: g.util_percent,
+            "DCGM_FI_PROF_SM_ACTIVE": lambda g: g.sm_active,
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": lambda g: g.tensor_active,
+        }
+        lines = []
+        for name, value in values.items():
+            lines += [f"# HELP {name} {DCGM_HELP[name]}", f"# TYPE {name} gauge"]
+            for i, gpu in enumerate(self.gpus):
+                labels = (
+                    f'gpu="{i}",UUID="GPU-{i:08d}-0000-0000-0000-000000000000",'
+                    f'pci_bus_id="00000000:00:{4 + i:02X}.0",device="nvidia{i}",'
+                    f'modelName="{gpu.model}",Hostname="{self.hostname}",'
+                    'DCGM_FI_DRIVER_VERSION="550.54.15"'
+                )
+                lines.append(f"{name}{{{labels}}} {value(gpu):g}")
+        return "\n".join(lines) + "\n"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> DcgmExporter:
+        exporter = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = exporter.text().encode()
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
 
 
 # ---------------------------------------------------------------- evaluating them

@@ -24,11 +24,18 @@ from tests.prometheus_support import (
     ALERTS_TEST,
     CONTRACT,
     DATASOURCES,
+    DCGM,
+    DCGM_NAME,
     METRIC_NAME,
     ROOT,
+    DcgmExporter,
+    Gpu,
+    PrometheusServer,
     Query,
     alert_queries,
     dashboard_queries,
+    evaluate,
+    has_data,
     load_dashboard,
     panels,
     parse_label_values,
@@ -48,7 +55,7 @@ def _promtool() -> str:
 
 
 def _all_queries() -> list[Query]:
-    return dashboard_queries(load_dashboard()) + alert_queries()
+    return dashboard_queries(load_dashboard(), "all") + alert_queries()
 
 
 def _panel(title: str) -> dict[str, Any]:
@@ -94,6 +101,11 @@ def test_the_contract_reading_catches_a_wrong_name() -> None:
         assert set(METRIC_NAME.findall(expr)) - series_names(), expr
 
 
+def test_every_dcgm_name_is_one_dcgm_exporter_serves() -> None:
+    used = {name for q in _all_queries() for name in DCGM_NAME.findall(q.expr)}
+    assert used == set(DCGM), used ^ set(DCGM)  # the GPU row shows all five, nothing misspelt
+
+
 def test_the_dashboard_shows_every_contract_metric() -> None:
     used = {
         name for q in dashboard_queries(load_dashboard()) for name in METRIC_NAME.findall(q.expr)
@@ -132,6 +144,8 @@ def test_matchers_and_groupings_use_labels_the_metric_has() -> None:
             labels |= own
         for name in METRIC_NAME.findall(q.expr):
             labels |= CONTRACT[_base(name)][1] | scrape | {"le"}
+        for name in DCGM_NAME.findall(q.expr):
+            labels |= DCGM[name] | scrape
         assert _by(q.expr) <= labels, (q.where, _by(q.expr) - labels)
 
 
@@ -170,7 +184,7 @@ def test_every_variable_a_query_uses_is_defined_and_substitutes() -> None:
     dashboard = load_dashboard()
     defined = {v["name"] for v in dashboard["templating"]["list"]}
     values = {name: ".*" for name in defined}
-    for q in dashboard_queries(dashboard):
+    for q in dashboard_queries(dashboard, "all"):
         assert variables_in(q.expr) <= defined, q.where
         expr = substitute(q.expr, values)
         assert "$" not in expr and "[[" not in expr, (q.where, expr)
@@ -405,3 +419,98 @@ def test_promtool_check_config_of_the_compose_prometheus() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
+
+
+def test_promtool_test_rules_fails_when_a_gpu_threshold_moves(tmp_path: Path) -> None:
+    text = ALERTS.read_text()
+    moved = text.replace("\n          ) >= 0.85\n", "\n          ) >= 0.95\n")
+    moved = moved.replace("< 2048)", "< 512)")
+    assert moved.count(">= 0.95") == 1 and moved.count("< 512)") == 1
+    (tmp_path / "alerts.yml").write_text(moved)
+    shutil.copyfile(ALERTS_TEST, tmp_path / ALERTS_TEST.name)
+    out = subprocess.run(
+        [_promtool(), "test", "rules", ALERTS_TEST.name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert out.returncode != 0
+    assert "GpuMemoryNearlyFull" in out.stdout + out.stderr
+    assert "GpuMemoryFreeLow" in out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- the GPUs row (dcgm-exporter)
+
+
+def _gpu_row() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    top = load_dashboard()["panels"]
+    (i,) = [i for i, p in enumerate(top) if p["type"] == "row" and p["title"].startswith("GPUs")]
+    after = top[i + 1 :]
+    end = next((j for j, p in enumerate(after) if p["type"] == "row"), len(after))
+    return top[i], after[:end]
+
+
+def test_the_gpu_row_shows_memory_and_activity_per_gpu() -> None:
+    row, gpu_panels = _gpu_row()
+    assert not row["collapsed"]
+    exprs = {p["title"]: [t["expr"] for t in p["targets"]] for p in gpu_panels}
+    assert set(exprs) == {
+        "GPU memory used ÷ total",
+        "GPU memory free",
+        "GPU utilization",
+        "SM and tensor-core activity",
+    }
+    (used,) = exprs["GPU memory used ÷ total"]
+    assert "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)" in used
+    (free,) = exprs["GPU memory free"]
+    assert "DCGM_FI_DEV_FB_FREE" in free and free.endswith("* 1024 * 1024")  # MiB -> bytes
+    for title, queries in exprs.items():
+        for expr in queries:
+            assert _by(expr) == {"Hostname", "gpu"}, (title, expr)  # one line per GPU
+    assert [q.where for q in dashboard_queries(load_dashboard(), "dcgm")] == [
+        f"{p['title']} [{t['refId']}]" for p in gpu_panels for t in p["targets"]
+    ]
+
+
+GPUS = [
+    # gpu 0: 72 of 80 GiB used (90 %), 8 GiB free; gpu 1: 30 of 80 GiB (37.5 %)
+    Gpu(73728, 8192, 97, 0.81, 0.42, "NVIDIA A100-SXM4-80GB"),
+    Gpu(30720, 51200, 12, 0.1, 0.02, "NVIDIA A100-SXM4-80GB"),
+]
+
+
+def test_the_gpu_row_and_alerts_evaluate_against_a_dcgm_exporter_stand_in() -> None:
+    """A real Prometheus scrapes a stand-in that speaks dcgm-exporter's format, as the job
+    ``dcgm-exporter`` of deploy/prometheus; every query of the GPU row gives each GPU's value,
+    and the alert expressions pick the right GPU."""
+    with (
+        DcgmExporter(GPUS) as exporter,
+        PrometheusServer([exporter.target], job="dcgm-exporter", rule_files=[ALERTS]) as prom,
+    ):
+        prom.wait_for_value('count(DCGM_FI_DEV_FB_USED{job="dcgm-exporter"})', 2)
+        queries = dashboard_queries(load_dashboard(), "dcgm")
+        results, errors = evaluate(prom, queries, {"datasource": "prometheus"})
+        assert not errors, "\n".join(errors)
+
+        def per_gpu(where: str) -> dict[str, float]:
+            assert has_data(results[where]), where
+            return {s["metric"]["gpu"]: float(s["value"][1]) for s in results[where]}
+
+        assert per_gpu("GPU memory used ÷ total [A]") == {"0": 0.9, "1": 0.375}
+        assert per_gpu("GPU memory free [A]") == {"0": 8 * 2**30, "1": 50 * 2**30}
+        assert per_gpu("GPU utilization [A]") == {"0": 97.0, "1": 12.0}
+        assert per_gpu("SM and tensor-core activity [A]") == {"0": 0.81, "1": 0.1}
+        assert per_gpu("SM and tensor-core activity [B]") == {"0": 0.42, "1": 0.02}
+        (nearly_full,) = [q for q in alert_queries() if q.where == "alert GpuMemoryNearlyFull"]
+        firing = prom.query(nearly_full.expr)
+        assert [(s["metric"]["gpu"], s["metric"]["job"]) for s in firing] == [
+            ("0", "dcgm-exporter")
+        ]
+        # free < 2 GiB somewhere, but no model server's queue is scraped: silent
+        exporter.gpus[1] = Gpu(80000, 1024, 99, 0.9, 0.5, "NVIDIA A100-SXM4-80GB")
+        prom.wait_for_value('min(DCGM_FI_DEV_FB_FREE{job="dcgm-exporter"})', 1024)
+        (free_low,) = [q for q in alert_queries() if q.where == "alert GpuMemoryFreeLow"]
+        assert prom.query(free_low.expr) == []
+        low = free_low.expr.split(" and on ")[0]
+        assert [s["metric"]["gpu"] for s in prom.query(low)] == ["1"]

@@ -465,8 +465,8 @@ def test_k8s_service_hpa_and_pdb_select_the_deployment() -> None:
 
 def test_k8s_prometheus_example_keeps_the_pods_the_deployment_annotates() -> None:
     config = _yaml(DEPLOY / "prometheus/prometheus-k8s.yml")
-    (job,) = config["scrape_configs"]
-    assert job["job_name"] == "llm-gateway"  # the job alerts.yml's GatewayMetricsDown names
+    # llm-gateway: the job alerts.yml's GatewayMetricsDown names
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "llm-gateway"]
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
     meta = _k8s()[("Deployment", "llm-gateway")]["spec"]["template"]["metadata"]
 
@@ -493,6 +493,32 @@ def test_k8s_prometheus_example_keeps_the_pods_the_deployment_annotates() -> Non
     assert pod[path["source_labels"][0]] == "/metrics"
 
 
+def test_both_prometheus_configs_scrape_dcgm_exporter_for_the_gpu_row() -> None:
+    # compose: file_sd from a file mounted beside prometheus.yml (empty: compose has no GPU)
+    prom = _compose()["services"]["prometheus"]
+    config_path = _flag(_command(prom), "--config.file")
+    config = _yaml(_host_file(prom, config_path))
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "dcgm-exporter"]
+    (sd,) = job["file_sd_configs"]
+    for name in sd["files"]:
+        in_container = PurePosixPath(config_path).parent / name
+        assert _yaml(_host_file(prom, str(in_container))) == [], name
+    # Kubernetes: the GPU operator's exporter pods and the Helm chart's, on their metrics port
+    k8s = _yaml(DEPLOY / "prometheus/prometheus-k8s.yml")
+    (job,) = [j for j in k8s["scrape_configs"] if j["job_name"] == "dcgm-exporter"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}] and job["honor_labels"] is True
+    keeps = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
+    label_keep, port_keep = keeps
+    for app, name, kept in (
+        ("nvidia-dcgm-exporter", "", True),  # the GPU operator's DaemonSet
+        ("", "dcgm-exporter", True),  # the dcgm-exporter Helm chart
+        ("llm-gateway", "llm-gateway", False),
+    ):
+        assert bool(re.fullmatch(label_keep["regex"], f"{app};{name}")) is kept, (app, name)
+    assert port_keep["source_labels"] == ["__meta_kubernetes_pod_container_port_name"]
+    assert re.fullmatch(port_keep["regex"], "metrics")
+
+
 # ---------------------------------------------------------------- the operator's guide
 
 
@@ -514,7 +540,7 @@ def test_deploy_readme_names_panels_alerts_and_log_fields_that_exist() -> None:
     alerts = {
         r["alert"] for g in _yaml(DEPLOY / "prometheus/alerts.yml")["groups"] for r in g["rules"]
     }
-    named = set(re.findall(r"`(Gateway[A-Za-z0-9]+)`", text))
+    named = set(re.findall(r"`((?:Gateway|Gpu)[A-Za-z0-9]+)`", text))
     assert named == alerts, named ^ alerts
     for symptom in (
         "Slow DNS or connect",

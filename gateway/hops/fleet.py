@@ -16,10 +16,14 @@ queue depth    ``vllm:num_requests_waiting``        ``sglang:num_queue_reqs``
 running        ``vllm:num_requests_running``        ``sglang:num_running_reqs``
 KV-cache use   ``vllm:kv_cache_usage_perc``, else   ``sglang:token_usage``
                ``vllm:gpu_cache_usage_perc``
+size           ``vllm:cache_config_info``'s         ``sglang:max_running_requests``
+               ``num_gpu_blocks`` label (blocks)    (requests it runs at once)
 =============  ===================================  ======================================
 
 Queue depth and running are summed over label sets (engines, data-parallel ranks); KV-cache
 usage, a ratio, is the fullest label set's (the engine that fills first is the one that stalls).
+The size, where the server states it, is what the scorer (:class:`gateway.hops.balance.Scorer`)
+learns a backend's capacity from beside its scrapes.
 A scrape that fails — an error answer, text without these names, no answer within the period
 (the timeout) — publishes nothing known: the backend's load is unknown at once (and so is a
 snapshot older than three periods, should the scraper itself fall behind). Unknown load never
@@ -49,7 +53,10 @@ log = logging.getLogger("gateway")
 QUEUE = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-_NAMES = (*QUEUE, *RUNNING, *KV_CACHE)
+#: what the server says of its size: the most requests it runs at once, its KV-cache blocks
+CAPACITY = ("sglang:max_running_requests",)
+CACHE_CONFIG = "vllm:cache_config_info"
+_NAMES = (*QUEUE, *RUNNING, *KV_CACHE, *CAPACITY, CACHE_CONFIG)
 #: known load turns unknown this many scrape periods after it was read
 STALE_PERIODS = 3
 #: a metrics answer larger than this is refused (a model server's is tens of KiB)
@@ -72,6 +79,10 @@ class Load:
     at: float
     #: monotonic time from which it is too old to count (``at`` + three periods)
     until: float
+    #: the most requests it runs at once, where it says so (SGLang's max_running_requests)
+    capacity: float | None = None
+    #: its KV cache's size in blocks, where it says so (vLLM's cache_config_info)
+    blocks: float | None = None
 
 
 class MetricsError(Exception):
@@ -91,12 +102,32 @@ def read_load(text: str) -> tuple[float, float | None, float | None]:
     >>> read_load("sglang:num_queue_reqs 2\\nsglang:num_running_reqs 8\\nsglang:token_usage 0.7\\n")
     (2.0, 8.0, 0.7)
     """
+    return read_metrics(text)[:3]
+
+
+def read_metrics(
+    text: str,
+) -> tuple[float, float | None, float | None, float | None, float | None]:
+    """:func:`read_load`'s three, then what the server says of its size: the most requests it
+    runs at once (SGLang's ``max_running_requests``, summed) and its KV-cache blocks (the
+    ``num_gpu_blocks`` label of vLLM's ``cache_config_info``, the largest engine's).
+
+    >>> read_metrics('''vllm:num_requests_waiting 0
+    ... vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1.0
+    ... ''')
+    (0.0, None, None, None, 2048.0)
+    """
     sums: dict[str, float] = {}
     peaks: dict[str, float] = {}
+    blocks: float | None = None
     try:
         for family in text_string_to_metric_families(_samples_of(text)):
             for sample in family.samples:
-                if sample.name in _NAMES:
+                if sample.name == CACHE_CONFIG:
+                    raw = sample.labels.get("num_gpu_blocks", "")
+                    if raw.isdigit():
+                        blocks = max(blocks or 0.0, float(raw)) or None
+                elif sample.name in _NAMES:
                     value = float(sample.value)
                     sums[sample.name] = sums.get(sample.name, 0.0) + value
                     peaks[sample.name] = max(peaks.get(sample.name, value), value)
@@ -107,7 +138,8 @@ def read_load(text: str) -> tuple[float, float | None, float | None]:
         raise MetricsError("no queue depth (vllm:num_requests_waiting, sglang:num_queue_reqs)")
     running = next((sums[n] for n in RUNNING if n in sums), None)
     kv_cache = next((peaks[n] for n in KV_CACHE if n in peaks), None)
-    return queue, running, kv_cache
+    capacity = next((sums[n] for n in CAPACITY if sums.get(n)), None)
+    return queue, running, kv_cache, capacity, blocks
 
 
 def _samples_of(text: str) -> str:
@@ -196,10 +228,11 @@ class Scraper:
         """One scrape, bounded by the period."""
         async with asyncio.timeout(self.period):
             text = await self.fetch()
-        queue, running, kv_cache = read_load(text)
+        queue, running, kv_cache, capacity, blocks = read_metrics(text)
         now = self._clock()
         saturated = queue >= self._max_queue or (kv_cache is not None and kv_cache >= self._max_kv)
-        return Load(queue, running, kv_cache, saturated, now, now + STALE_PERIODS * self.period)
+        until = now + STALE_PERIODS * self.period
+        return Load(queue, running, kv_cache, saturated, now, until, capacity, blocks)
 
     async def run(self) -> None:
         """Scrape every period until cancelled; a failure makes the load unknown, nothing
@@ -270,4 +303,5 @@ __all__ = [
     "Scraper",
     "has_load_source",
     "read_load",
+    "read_metrics",
 ]

@@ -10,6 +10,8 @@ sent or its client went away. What it reports is its own state, in vLLM's metric
 ``vllm:num_requests_running``      requests holding a slot
 ``vllm:num_requests_waiting``      requests in the queue
 ``vllm:kv_cache_usage_perc``       running ÷ capacity (0..1, as vLLM reports it)
+``vllm:cache_config_info``         its KV cache's settings as labels: ``num_gpu_blocks``
+                                   = capacity * :data:`BLOCKS_PER_REQUEST`
 =================================  ===============================================
 
 So load builds queues a gateway can see — and route around.
@@ -36,6 +38,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 #: what the mock calls its model in ``/metrics`` labels (vLLM names the served model)
 METRICS_MODEL = "mock"
+#: KV-cache blocks one request takes in the mock (16 tokens a block: a 1 K-token request)
+BLOCKS_PER_REQUEST = 64
+#: vLLM's block size, in tokens (a label of ``cache_config_info``)
+BLOCK_SIZE = 16
 _CAPACITY_MAX = 100_000
 
 
@@ -104,7 +110,8 @@ class Capacity:
         vllm:num_requests_running{engine="0",model_name="mock"} 0.0
         """
         labels = f'{{engine="0",model_name="{model}"}}'
-        return vllm_metrics(labels, self.running, self.waiting, self.kv_cache_usage)
+        gauges = vllm_metrics(labels, self.running, self.waiting, self.kv_cache_usage)
+        return gauges + cache_config_info(self.limit * BLOCKS_PER_REQUEST)
 
     async def admitted(
         self, body: bytes | None, events: AsyncIterator[bytes] | None, delay_s: float
@@ -142,6 +149,25 @@ def vllm_metrics(labels: str, running: float, waiting: float, kv_usage: float) -
     ).encode()
 
 
+def cache_config_info(gpu_blocks: int) -> bytes:
+    """vLLM's info gauge of its KV-cache settings (labels as vLLM's ``CacheConfig`` names them):
+    ``num_gpu_blocks`` is what a gateway reads, the size of the cache in blocks.
+
+    >>> line = cache_config_info(256).decode().splitlines()[-1]
+    >>> line.startswith('vllm:cache_config_info{block_size="16",'), line[-25:]
+    (True, 'num_gpu_blocks="256"} 1.0')
+    """
+    labels = (
+        f'block_size="{BLOCK_SIZE}",cache_dtype="auto",enable_prefix_caching="True",'
+        f'gpu_memory_utilization="0.9",num_cpu_blocks="0",num_gpu_blocks="{gpu_blocks}"'
+    )
+    return (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f"vllm:cache_config_info{{{labels}}} 1.0\n"
+    ).encode()
+
+
 #: in-process servers (``mock://…?capacity=N``), by their whole URL
 _IN_PROCESS: dict[str, Capacity] = {}
 
@@ -176,4 +202,12 @@ def in_process(url: str) -> Capacity | None:
     return cap
 
 
-__all__ = ["METRICS_MODEL", "Capacity", "in_process", "parse_capacity", "vllm_metrics"]
+__all__ = [
+    "BLOCKS_PER_REQUEST",
+    "METRICS_MODEL",
+    "Capacity",
+    "cache_config_info",
+    "in_process",
+    "parse_capacity",
+    "vllm_metrics",
+]

@@ -12,7 +12,15 @@ import pytest
 
 from gateway.config import BackendConfig, RouteConfig
 from gateway.errors import GatewayError
-from gateway.hops.fleet import Fleet, Load, MetricsError, Scraper, has_load_source, read_load
+from gateway.hops.fleet import (
+    Fleet,
+    Load,
+    MetricsError,
+    Scraper,
+    has_load_source,
+    read_load,
+    read_metrics,
+)
 from gateway.hops.health import Health
 from gateway.mock.capacity import in_process
 from gateway.routes import Backend, Route
@@ -101,6 +109,22 @@ def test_the_newer_kv_cache_name_wins_when_both_are_there():
 
 def test_sglang():
     assert read_load(SGLANG) == (3.0, 12.0, 0.57)
+
+
+def test_what_the_servers_say_of_their_size():
+    # vLLM's cache_config_info: an info gauge whose labels are the cache's settings
+    config = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+        'gpu_memory_utilization="0.9",num_cpu_blocks="4096",num_gpu_blocks="27615"} 1.0\n'
+    )
+    assert read_metrics(VLLM_V1 + config) == (7.0, 7.0, 0.83, None, 27615.0)
+    assert read_metrics(VLLM_V1)[3:] == (None, None)
+    capacity = "# TYPE sglang:max_running_requests gauge\nsglang:max_running_requests 48.0\n"
+    assert read_metrics(SGLANG + capacity) == (3.0, 12.0, 0.57, 48.0, None)
+    garbled = 'vllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks="many"} 1\n'
+    assert read_metrics(garbled) == (0.0, None, None, None, None)
 
 
 def test_untyped_lines_and_only_a_queue_depth():

@@ -16,7 +16,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.mock.capacity import Capacity, in_process
+from gateway.hops.fleet import read_metrics
+from gateway.mock.capacity import BLOCKS_PER_REQUEST, Capacity, in_process
 from gateway.mock.engine import MockSettings, reply
 from tests.support import Process, free_port, gateway_cli
 
@@ -29,7 +30,7 @@ def vllm_gauges(text: str) -> dict[str, float]:
         s.name: s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name.startswith("vllm:")
+        if s.name.startswith("vllm:") and s.name != "vllm:cache_config_info"
     }
 
 
@@ -95,6 +96,19 @@ def test_requests_beyond_capacity_wait_in_a_queue_metrics_report_it(model_server
         "vllm:kv_cache_usage_perc": 1.0,
     }
     assert idle["vllm:kv_cache_usage_perc"] == 0.0
+
+
+def test_it_states_its_kv_cache_size_as_vllm_does(model_server):
+    with urllib.request.urlopen(model_server.url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    (info,) = [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "vllm:cache_config_info"
+    ]
+    assert info.value == 1.0 and info.labels["num_gpu_blocks"] == str(2 * BLOCKS_PER_REQUEST)
+    assert read_metrics(text)[4] == 2 * BLOCKS_PER_REQUEST  # what a gateway reads of it
 
 
 def test_a_queued_request_is_answered_once_a_slot_frees(model_server):
