@@ -536,6 +536,38 @@ class LimitsUnavailable(RedisUnavailable):
 _Owed = tuple[Allowance, tuple[bytes, ...], tuple[bytes, ...], int]
 
 
+def _shared_verdict(
+    local: MemoryLimits, owed: dict[str, int], a: Allowance, cost: int, r: list[int]
+) -> Verdict:
+    """The admission script's reply as a verdict (and what it says each budget has spent,
+    told to the per-process store a fallback starts from)."""
+    allowed, retry_us, rem_r, rem_t, reset_r, reset_t, by, now_s = r[:8]
+    left: int | None = None
+    for b, (start, spent, reserved) in ((a.key_budget, r[8:11]), (a.tenant_budget, r[11:14])):
+        if b is None:
+            continue
+        local.observe(b, start, spent + owed.get(b.id, 0))
+        if by in (3, 4) and b is (a.key_budget if by == 3 else a.tenant_budget):
+            _, reset = period_bounds(b.code, now_s)
+            refused = budget_refusal(b, spent, reserved, cost, reset, now_s)
+            assert refused is not None  # the script and budget_refusal agree
+            refused.shared = True
+            return refused
+        room = b.limit - spent - reserved
+        left = room if left is None else min(left, room)
+    return Verdict(
+        allowed == 1,
+        retry_us / 1e6,
+        (None, "requests", "tokens")[by] if by < 3 else "budget",
+        None if rem_r < 0 else rem_r,
+        None if rem_t < 0 else rem_t,
+        reset_r / 1e6,
+        reset_t / 1e6,
+        budget_left=left,
+        shared=True,
+    )
+
+
 class RedisLimits:
     """The buckets and budgets in Redis (standalone or Cluster: every key a script touches
     shares one hash tag), with the per-process :class:`MemoryLimits` standing in while Redis
@@ -621,7 +653,7 @@ class RedisLimits:
                 self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
             return verdict
         r = [int(x) for x in reply.split()]
-        verdict = self._verdict(a, cost, r)
+        verdict = _shared_verdict(self.local, self._owed, a, cost, r)
         if verdict.allowed and metered:
             self.local.hold(a, rid, cost)
             if cost and not r[14]:
@@ -648,33 +680,6 @@ class RedisLimits:
                     await self._guard.call(partial(self._renew, a.leases, (self._ttl, *members)))
                 except LimitsUnavailable:
                     break  # Redis away: the next round tries again
-
-    def _verdict(self, a: Allowance, cost: int, r: list[int]) -> Verdict:
-        allowed, retry_us, rem_r, rem_t, reset_r, reset_t, by, now_s = r[:8]
-        left: int | None = None
-        for b, (start, spent, reserved) in ((a.key_budget, r[8:11]), (a.tenant_budget, r[11:14])):
-            if b is None:
-                continue
-            self.local.observe(b, start, spent + self._owed.get(b.id, 0))
-            if by in (3, 4) and b is (a.key_budget if by == 3 else a.tenant_budget):
-                _, reset = period_bounds(b.code, now_s)
-                refused = budget_refusal(b, spent, reserved, cost, reset, now_s)
-                assert refused is not None  # the script and budget_refusal agree
-                refused.shared = True
-                return refused
-            room = b.limit - spent - reserved
-            left = room if left is None else min(left, room)
-        return Verdict(
-            allowed == 1,
-            retry_us / 1e6,
-            (None, "requests", "tokens")[by] if by < 3 else "budget",
-            None if rem_r < 0 else rem_r,
-            None if rem_t < 0 else rem_t,
-            reset_r / 1e6,
-            reset_t / 1e6,
-            budget_left=left,
-            shared=True,
-        )
 
     def _settle_args(
         self, a: Allowance, rid: str, spent: Spent, made: dict[str, int] | None = None
