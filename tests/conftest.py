@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.config import Config
+from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.support import (
     GatewayServer,
     Handler,
@@ -88,3 +91,24 @@ def _close_sync_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for client in made:
         client.close()
+
+
+class _AccessLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(orjson.loads(record.getMessage()))
+
+
+@pytest.fixture
+def access_lines() -> Iterator[list[dict[str, Any]]]:
+    """The access-log lines the in-process gateways of the test write (parsed)."""
+    logger = logging.getLogger(ACCESS_LOGGER)
+    handler = _AccessLines()
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)

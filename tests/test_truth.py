@@ -10,7 +10,6 @@ above anything a loaded machine adds, and the checks are orderings and sums.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import socket
 import threading
@@ -25,7 +24,6 @@ from gateway.app import Gateway
 from gateway.config import Config
 from gateway.context import RECEIVED_AT, RequestContext, Timeline
 from gateway.server import GatewayServer, uvicorn_config
-from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.support import (
     LAST_CHUNK,
     ScriptedUpstream,
@@ -60,27 +58,6 @@ ANSWER = orjson.dumps(
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hello"}]}'
 STREAM_BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}'
 QUIET = '[logging]\naccess_log = "all"\n[cache]\nbackend = "off"\n[tracing]\nexporter = "none"\n'
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(orjson.loads(record.getMessage()))
-
-
-@pytest.fixture
-def access_lines() -> Iterator[list[dict[str, Any]]]:
-    """The gateway's access log lines (set up before the gateway, so it adds no handler)."""
-    logger = logging.getLogger(ACCESS_LOGGER)
-    handler = _Lines()
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
 
 
 class _Served:

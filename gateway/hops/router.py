@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import orjson
 
@@ -24,6 +25,17 @@ _MATCH_CACHE_MAX = 10_000
 #: a model name goes into spans, logs and metrics labels: no control characters (CR/LF), bounded
 MAX_MODEL_CHARS = 256
 _MODEL_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,%d}" % MAX_MODEL_CHARS)  # noqa: UP031
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object (400 ``invalid_json`` / ``invalid_body``)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(payload, dict):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_body")
+    return payload
 
 
 class Router:
@@ -43,14 +55,7 @@ class Router:
     def route(self, ctx: RequestContext, body: bytes) -> Call:
         """Parse and validate ``body``, choose the route, apply its policies: ``ctx.call``."""
         api = BY_PATH[ctx.path]
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(
-                f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from exc
-        if not isinstance(payload, dict):
-            raise InvalidRequest("request body must be a JSON object", code="invalid_body")
+        payload = json_object(body)
         api.validate(payload)
         model: str = payload["model"]
         if model not in self._by_model and not _MODEL_NAME.fullmatch(model):

@@ -17,12 +17,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
-import orjson
-
 from gateway.context import RequestContext
 from gateway.errors import Forbidden, InvalidRequest, NotFound
 from gateway.hops.auth import KeyEntry
 from gateway.hops.edge import read_body, stream_body
+from gateway.hops.router import json_object
 from gateway.routes import Backend, Route
 from gateway.runtime import Runtime
 from gateway.stateful.answers import (
@@ -233,15 +232,7 @@ class StatefulCall:
         raw = await read_body(self.ctx, self.receive, self.rt.max_body)
         if not raw:
             return raw, {}
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(
-                f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from exc
-        if not isinstance(payload, dict):
-            raise InvalidRequest("request body must be a JSON object", code="invalid_body")
-        return raw, payload
+        return raw, json_object(raw)
 
     # ------------------------------------------------------------ the answer
 

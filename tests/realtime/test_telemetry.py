@@ -3,7 +3,6 @@ metrics a real scrape reads, one access-log line, the live view's record."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ from websockets.asyncio.client import connect
 
 import gateway as gateway_pkg
 from gateway.config import load_config
-from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver
 from tests.realtime.test_handshake import run, ws_url
@@ -26,26 +24,6 @@ from tests.realtime.test_relay import CREATE
 from tests.realtime.test_session import sdk_turn
 from tests.realtime_support import VAD_PAUSE_S
 from tests.support import config_for
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(orjson.loads(record.getMessage()))
-
-
-@pytest.fixture
-def access_lines() -> Iterator[list[dict[str, Any]]]:
-    logger = logging.getLogger(ACCESS_LOGGER)
-    handler = _Lines()
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
 
 
 @pytest.fixture
