@@ -140,7 +140,7 @@ class StatefulCall:
         tally = results_tally(self.rt, self.ctx, self.target.anthropic) if self._priced() else None
         watch = tally.lines.feed if tally is not None else None
         await relay_rest(self.ctx, resp, attempt, self.out, [], watch)
-        if tally is not None and self.target.object_id is not None:
+        if tally is not None and self.target.object_id is not None and not self.ctx.disconnected:
             ttl = route.config.object_ttl_s if route is not None else 30 * 86400.0
             await charge(self.rt, self.ctx, self.target.object_id, tally, ttl)
 
