@@ -214,6 +214,14 @@ def test_two_replicas_sharing_redis_debit_a_batch_once(gateway, mock_pair, redis
         want = openai_cost(text)
         assert one.files.content(output_id).text == text
         assert other.files.content(output_id).text == text
+        # 80 lines may cost about $1.05 at batch prices: more than the $1 budget has left
+        big = one.files.create(file=("big.jsonl", batch_jsonl(80)), purpose="batch")
+        with pytest.raises(openai.RateLimitError) as exc:
+            other.batches.create(
+                input_file_id=big.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "budget_exceeded"
+        assert len(a.objects.batches.batches) + len(b.objects.batches.batches) == 1
     for replica in (first, second):
         assert spent(replica) == pytest.approx(want, rel=1e-6)
     total = sum(
