@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.redis_support import RedisServer
-from tests.spend_support import sample
+from tests.spend_support import AccessLines, sample
 from tests.stateful.support import (
     TWO_TENANTS,
     anthropic_pair_toml,
@@ -28,6 +28,7 @@ from tests.stateful.support import (
     ended_batch,
     message_requests,
     pair_toml,
+    until,
 )
 from tests.support import GatewayServer, gateway_config
 
@@ -118,8 +119,12 @@ def test_an_openai_batch_is_debited_once_at_batch_prices_when_its_results_are_re
     gateway, mock_pair
 ):
     a, b = mock_pair
-    gw = gateway(gateway_config(keys(1.0) + pair_toml(a.url, b.url)))
-    with openai.OpenAI(base_url=gw.base_url, api_key=KEY_BUDGET, max_retries=0) as client:
+    logged = '[logging]\naccess_log = "all"'
+    gw = gateway(gateway_config(keys(1.0) + pair_toml(a.url, b.url, extra=logged)))
+    with (
+        AccessLines() as log,
+        openai.OpenAI(base_url=gw.base_url, api_key=KEY_BUDGET, max_retries=0) as client,
+    ):
         output_id = run_openai_batch(client, 3)
         assert spent(gw) == 0.0  # nothing is debited until the results are read
         first = client.files.content(output_id).text
@@ -129,6 +134,11 @@ def test_an_openai_batch_is_debited_once_at_batch_prices_when_its_results_are_re
         second = client.files.content(output_id).text  # read again: no second debit
         assert second == first
         assert spent(gw) == pytest.approx(want, rel=1e-6)
+        path = f"/v1/files/{output_id}/content"
+        until(lambda: len([x for x in log.lines if x["path"] == path]) == 2 or None)
+        reads = [x for x in log.lines if x["path"] == path]
+        # the access log: the read that debited it shows the cost, the second read costs 0
+        assert [x["cost_usd"] for x in reads] == [pytest.approx(want, rel=1e-6), 0.0]
     cost = sample(gw.url, "gateway_cost_usd_total", route="main", model="other", tenant="t1")
     assert cost == pytest.approx(want, rel=1e-6)  # the read that debited it, once
     down = sample(
