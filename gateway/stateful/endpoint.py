@@ -127,9 +127,11 @@ class StatefulCall:
         await send_held(self.out, held, resp)
 
     def _priced(self) -> bool:
-        """A download that may be a batch's results: an OpenAI file's content, an Anthropic
-        batch's results (docs/spec.md §24)."""
+        """A download that may be a batch's results, to price: an OpenAI file's content, an
+        Anthropic batch's results, when ``[[prices]]`` are set (docs/spec.md §24)."""
         t = self.target
+        if not self.rt.auth.prices:  # nothing has a price: nothing to read
+            return False
         return t.rest == ("results" if t.collection == "messages/batches" else "content") and (
             t.collection == "messages/batches" or not t.anthropic
         )
