@@ -266,6 +266,9 @@ class PriceConfig:
     cached_input: float | None = None
     #: Anthropic ``cache_creation_input_tokens`` [input]
     cache_write: float | None = None
+    #: a batch's usage is priced at the list price times this (OpenAI and Anthropic bill
+    #: batches at half price; docs/spec.md §24)
+    batch_discount: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -904,6 +907,8 @@ def _check_prices(prices: tuple[PriceConfig, ...], err: _Errors) -> None:
             value = getattr(price, name)
             if value is not None and not value >= 0:
                 err(f"{p}.{name}", "must be >= 0 (USD per 1M tokens)")
+        if not 0 <= price.batch_discount <= 1:
+            err(f"{p}.batch_discount", "must be between 0 and 1 (a fraction of the list price)")
 
 
 def _check_ui(ui: UiConfig, err: _Errors) -> None:

@@ -412,6 +412,8 @@ class RequestContext:
     #: request streamed none): the root span's http.request.body.size / http.response.body.size
     upload_bytes: int | None = None
     download_bytes: int | None = None
+    #: a stateful call's (route, operation) (docs/spec.md §24): gateway_object_* metrics
+    object_call: tuple[str, str] | None = None
     #: a realtime session's own facts, set at its end for the live view (messages each way,
     #: close code, responses with TTFT: :meth:`gateway.realtime.session.Realtime` writes it)
     realtime: Mapping[str, Any] | None = None

@@ -51,13 +51,14 @@ PERIOD_TEXT: Final = ("in total", "today", "this week", "this month")
 class Price:
     """The prices of one ``[[prices]]`` entry, in USD per 1M tokens."""
 
-    __slots__ = ("cache_write", "cached_input", "input", "output")
+    __slots__ = ("batch_discount", "cache_write", "cached_input", "input", "output")
 
     def __init__(self, cfg: PriceConfig) -> None:
         self.input = cfg.input
         self.output = cfg.output
         self.cached_input = cfg.input if cfg.cached_input is None else cfg.cached_input
         self.cache_write = cfg.input if cfg.cache_write is None else cfg.cache_write
+        self.batch_discount = cfg.batch_discount
 
     def cost(self, usage: Usage) -> float:
         """USD for this usage (docs/spec.md §20).
@@ -78,9 +79,17 @@ class Price:
             + (usage.output or 0) * self.output
         ) / 1_000_000
 
-    def reserve_nano(self, input_tokens: int, output_tokens: int) -> int:
-        """The worst case of a request, in nano-USD (rounded up): input at the input price."""
-        return math.ceil((input_tokens * self.input + output_tokens * self.output) * 1000)
+    def reserve_nano(self, input_tokens: int, output_tokens: int, batch: bool = False) -> int:
+        """The worst case of a request, in nano-USD (rounded up): input at the input price
+        (``batch``: at the batch price, docs/spec.md §24).
+
+        >>> from gateway.config import PriceConfig
+        >>> p = Price(PriceConfig(("m",), 2.0, 8.0))
+        >>> p.reserve_nano(1000, 100), p.reserve_nano(1000, 100, batch=True)
+        (2800000, 1400000)
+        """
+        usd_k = (input_tokens * self.input + output_tokens * self.output) * 1000
+        return math.ceil(usd_k * self.batch_discount if batch else usd_k)
 
 
 class Prices:

@@ -205,6 +205,10 @@ def test_a_config_copied_from_the_spec_sections_is_accepted():
         ),
         ({"prices": [{"models": ["*"], "input": 1}]}, "prices[0].output: required key is missing"),
         (
+            {"prices": [{"models": ["*"], "input": 1, "output": 1, "batch_discount": 1.5}]},
+            "prices[0].batch_discount: must be between 0 and 1",
+        ),
+        (
             {"auth": {"tenants": [{"name": "t", "budget_usd": 0}]}},
             "auth.tenants[0].budget_usd: must be > 0",
         ),

@@ -33,7 +33,9 @@ stream the client cut is charged what was relayed (:func:`gateway.spend.charge_r
 key with a budget may not call a model without a price (403 ``model_not_priced``: it could
 spend unmetered), and may not use the passthrough paths (``/v1/*`` that are no model call:
 nothing meters them) unless it is an admin key — 403 ``budget_passthrough``; reading or
-cancelling a stored response (docs/spec.md §22) spends nothing and stays open.
+cancelling a stored response (docs/spec.md §22) spends nothing and stays open, and files,
+uploads, batches and Anthropic message batches are metered per batch
+(:mod:`gateway.stateful.metering`, docs/spec.md §24).
 
 The tenant names the cache scope (docs/spec.md §10), the ``gateway.tenant`` span attribute, the
 access log's ``tenant``, the cost metric and the live view's records.
@@ -103,6 +105,7 @@ class KeyEntry:
         "admin",
         "allowance",
         "budgeted",
+        "budgets_only",
         "digest",
         "globs",
         "limit_id",
@@ -136,6 +139,9 @@ class KeyEntry:
         self.allowance = Allowance(
             self.limit_id, _tag(cfg.tenant), self.rpm, self.tpm, own, of_tenant
         )
+        #: its budgets without its rpm and tpm: what a batch is checked and debited against
+        #: (docs/spec.md §24: a batch is no request per minute, and its tokens no tpm)
+        self.budgets_only = Allowance(self.limit_id, _tag(cfg.tenant), None, None, own, of_tenant)
         #: a budget of its own or of its tenant
         self.budgeted = own is not None or of_tenant is not None
         #: its model calls reserve before going upstream (tokens, cost): checked by admit()
@@ -266,6 +272,27 @@ class Auth:
         answer.reserved_nano = reserve
         answer.reserved_shared = verdict.shared
         answer.reservation = rid
+
+    async def admit_batch(self, ctx: RequestContext, worst_nano: int) -> None:
+        """A batch's worst case against the caller's budgets (docs/spec.md §24): 429
+        ``budget_exceeded`` when it does not fit what is left; nothing stays reserved."""
+        entry = ctx.limit_key
+        if not isinstance(entry, KeyEntry) or not entry.budgeted:
+            return
+        rid = new_rid()
+        verdict = await self.limits.admit(entry.budgets_only, 0, worst_nano, rid)
+        if not verdict.allowed:
+            raise _over_budget(verdict, [], worst_nano)
+        await self.limits.settle(
+            entry.budgets_only, Spent(0, 0, worst_nano, 0, verdict.shared, rid)
+        )
+
+    async def debit_batch(self, ctx: RequestContext, rid: str, cost_nano: int) -> None:
+        """A batch's cost, read from its results, debited from the caller's budgets under
+        ``rid`` (derived from the batch: applied at most once, docs/spec.md §24)."""
+        entry = ctx.limit_key
+        if isinstance(entry, KeyEntry) and entry.budgeted and cost_nano > 0:
+            await self.limits.settle(entry.budgets_only, Spent(0, 0, 0, cost_nano, False, rid))
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:

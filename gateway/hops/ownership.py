@@ -127,6 +127,10 @@ class OwnerStore(Protocol):
 
     async def delete(self, response_id: str) -> None: ...
 
+    async def claim(self, name: str, ttl_s: float) -> bool:
+        """Set ``name`` unless it is set: True for the one caller that set it."""
+        ...
+
     def state(self) -> str:
         """``ok``, or the breaker's state (``open`` / ``half_open``) while Redis is down."""
         ...
@@ -179,6 +183,12 @@ class MemoryOwners:
 
     async def delete(self, response_id: str) -> None:
         self.delete_now(response_id)
+
+    async def claim(self, name: str, ttl_s: float) -> bool:
+        if self.get_now(name) is not None:
+            return False
+        self.set_now(name, "claimed", ttl_s)
+        return True
 
     def state(self) -> str:
         return "ok"
@@ -236,6 +246,13 @@ class RedisOwners:
 
     async def delete(self, response_id: str) -> None:
         await self._call(lambda: self._client.delete(self._prefix + response_id))
+
+    async def claim(self, name: str, ttl_s: float) -> bool:
+        ttl = max(1, int(ttl_s))
+        done = await self._call(
+            lambda: self._client.set(self._prefix + name, "claimed", ex=ttl, nx=True)
+        )
+        return bool(done)
 
     def state(self) -> str:
         state = self._breaker.state
@@ -337,6 +354,19 @@ class Ownership:
             # kept here; other replicas route it by model while Redis cannot take it
             with contextlib.suppress(OwnersUnavailable):
                 await self.shared.set(response_id, _value(backend.name, tenant), ttl_s)
+
+    async def claim(self, name: str, ttl_s: float) -> bool:
+        """Whether this caller is the first, of every replica, to claim ``name`` (a batch's
+        debit, docs/spec.md §24): here, then in the shared store (``SET NX``). While the
+        shared store cannot answer, this process's word decides."""
+        if not await self.local.claim(name, ttl_s):
+            return False
+        if self.shared is None:
+            return True
+        try:
+            return await self.shared.claim(name, ttl_s)
+        except OwnersUnavailable:
+            return True
 
     async def forget(self, response_id: str) -> None:
         self.local.delete_now(response_id)

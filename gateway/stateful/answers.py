@@ -173,9 +173,11 @@ async def relay_rest(
     attempt: Attempt,
     out: ResponseWriter,
     parts: list[bytes],
+    watch: Callable[[bytes], None] | None = None,
 ) -> None:
     """An answer passed on as it arrives (contents, results, one too long to hold): the chunks
-    read so far, then the rest; its size is the request's ``download_bytes``."""
+    read so far, then the rest; its size is the request's ``download_bytes``. ``watch`` sees
+    each chunk as it passes (a batch's results are priced so: docs/spec.md §24)."""
     if not parts:
         upstream_answered(ctx, attempt, resp)
     size = sum(len(c) for c in parts)
@@ -187,6 +189,8 @@ async def relay_rest(
             await out.body(chunk, more=True)
         async for chunk in resp.aiter_raw():
             size += len(chunk)
+            if watch is not None:
+                watch(chunk)
             await out.body(chunk, more=True)
         await out.body(b"")
         ctx.download_bytes = size

@@ -19,7 +19,6 @@ from urllib.parse import parse_qs
 
 from gateway.context import RequestContext
 from gateway.errors import Forbidden, InvalidRequest, NotFound
-from gateway.hops.auth import KeyEntry
 from gateway.hops.edge import read_body, stream_body
 from gateway.hops.router import json_object
 from gateway.routes import Backend, Route
@@ -35,6 +34,7 @@ from gateway.stateful.answers import (
     tenant_only,
 )
 from gateway.stateful.choose import choose_route, take_route_header
+from gateway.stateful.metering import charge, check_batch, results_tally
 from gateway.stateful.multipart import peek_purpose
 from gateway.stateful.paths import Target, parse
 from gateway.streaming.bodies import relay_raw
@@ -44,8 +44,8 @@ from gateway.writer import ResponseWriter
 
 #: body fields that name a file the call needs (a batch's input, a vector store's files)
 _FILE_FIELDS = ("input_file_id", "file_id")
-#: the purposes of the collections whose creates run model calls (batches)
-_BATCHES = frozenset({"batch", "message_batches"})
+#: what a batch needs, metered per batch (docs/spec.md §24): open to keys with a budget
+_METERED = frozenset({"files", "uploads", "batches", "messages/batches"})
 #: a list's cursor names the object the next page follows
 _CURSORS = ("after", "after_id", "before_id")
 
@@ -67,22 +67,8 @@ async def stateful(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> N
         target = parse(ctx.path, anthropic_client(ctx))
         if target is None:
             raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
-        await rt.auth.check(ctx, passthrough=True)
-        refuse_unmetered_batch(ctx, target)
+        await rt.auth.check(ctx, passthrough=target.collection not in _METERED)
         await StatefulCall(rt, ctx, target, receive, req.out).run()
-
-
-def refuse_unmetered_batch(ctx: RequestContext, target: Target) -> None:
-    """A batch is not metered yet (docs/spec.md §24): a key with a budget — an admin key too,
-    which may otherwise use unmetered paths — may not start one, so none runs unbilled."""
-    entry = ctx.limit_key
-    creates = target.root and ctx.method == "POST"
-    if creates and target.purpose in _BATCHES and isinstance(entry, KeyEntry) and entry.budgeted:
-        raise Forbidden(
-            "this API key has a budget, and batches are not metered: a key without a budget "
-            "may start one (docs/spec.md §24)",
-            code="budget_batch",
-        )
 
 
 async def _counted(ctx: RequestContext, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -119,8 +105,10 @@ class StatefulCall:
         body, backends, pinned = await self._plan()
         self._answer_coding()
         resp, attempt = await self.rt.upstream.forward(ctx, backends, body, pinned=pinned)
+        route = self._route_of(attempt.backend)
+        ctx.object_call = (route.name if route else "none", t.operation(ctx.method))
         if t.streamed and 200 <= resp.status < 300:  # contents, results: counted as they pass
-            await relay_rest(ctx, resp, attempt, self.out, [])
+            await self._download(resp, attempt, route)
             return
         if not 200 <= resp.status < 300:
             await relay_raw(ctx, resp, attempt, self.out)
@@ -136,6 +124,29 @@ class StatefulCall:
         if ctx.method == "DELETE" and t.object_id is not None and not t.rest:
             await self.rt.ownership.forget(t.object_id)
         await send_held(self.out, held, resp)
+
+    def _priced(self) -> bool:
+        """A download that may be a batch's results, to price: an OpenAI file's content, an
+        Anthropic batch's results, when ``[[prices]]`` are set (docs/spec.md §24)."""
+        t = self.target
+        if not self.rt.auth.prices:  # nothing has a price: nothing to read
+            return False
+        return t.rest == ("results" if t.collection == "messages/batches" else "content") and (
+            t.collection == "messages/batches" or not t.anthropic
+        )
+
+    async def _download(self, resp: UpstreamResponse, attempt: Any, route: Route | None) -> None:
+        """Contents and results, passed on as they arrive; a batch's results priced as they
+        pass and, read to their end, debited (:mod:`gateway.stateful.metering`)."""
+        tally = results_tally(self.rt, self.ctx, self.target.anthropic) if self._priced() else None
+        watch = tally.lines.feed if tally is not None else None
+        await relay_rest(self.ctx, resp, attempt, self.out, [], watch)
+        if tally is not None and self.target.object_id is not None and not self.ctx.disconnected:
+            ttl = route.config.object_ttl_s if route is not None else 30 * 86400.0
+            await charge(self.rt, self.ctx, self.target.object_id, tally, ttl)
+
+    def _route_of(self, backend: Backend) -> Route | None:
+        return next((r for r in self.rt.router.routes if backend in r.backends), None)
 
     # ------------------------------------------------------------ where it goes
 
@@ -153,12 +164,19 @@ class StatefulCall:
             return streamed, self._route(purpose or t.purpose).backends, False
         raw, payload = await self._json()
         if t.collection == "messages/batches":
-            return raw, self._model_route(payload).backends, False
+            backends = self._model_route(payload).backends
+            await check_batch(self.rt, ctx, payload, True, backends)
+            return raw, backends, False
         owner = await self._file_owner(payload)
         if owner is not None:
+            if t.collection == "batches":
+                await check_batch(self.rt, ctx, payload, False, (owner,))
             return raw, (owner,), True
         purpose = payload.get("purpose")
-        return raw, self._route(purpose if isinstance(purpose, str) else t.purpose).backends, False
+        route = self._route(purpose if isinstance(purpose, str) else t.purpose)
+        if t.collection == "batches":
+            await check_batch(self.rt, ctx, payload, False, route.backends)
+        return raw, route.backends, False
 
     def _route(self, purpose: str | None) -> Route:
         return choose_route(self.rt.router.routes, self.named_route, purpose, self.target.anthropic)
@@ -237,10 +255,10 @@ class StatefulCall:
     # ------------------------------------------------------------ the answer
 
     def _answer_coding(self) -> None:
-        """Contents and results pass in the client's coding; answers the gateway reads come
-        uncompressed."""
+        """Contents and results pass in the client's coding; answers the gateway reads —
+        and a batch's results, priced as they pass — come uncompressed."""
         ctx = self.ctx
-        if not self.target.streamed:
+        if not self.target.streamed or self._priced():
             ctx.upstream_headers.append(("accept-encoding", "identity"))
         elif ctx.accept_encoding is not None:
             ctx.upstream_headers.append(("accept-encoding", ctx.accept_encoding.decode("latin-1")))
@@ -252,7 +270,7 @@ class StatefulCall:
         return held
 
     def _recorder(self, backend: Backend) -> Any:
-        route = next((r for r in self.rt.router.routes if backend in r.backends), None)
+        route = self._route_of(backend)
         ttl = route.config.object_ttl_s if route is not None else 30 * 86400.0
         ownership, tenant = self.rt.ownership, self.ctx.tenant
 
@@ -273,6 +291,8 @@ class StatefulCall:
         else:
             purpose = query.get("purpose", [self.target.purpose])[0]
             backends = self._route(purpose).backends
+        route = self._route_of(backends[0])
+        ctx.object_call = (route.name if route else "none", self.target.operation(ctx.method))
         self._answer_coding()
         pages = []
         for backend in backends:
@@ -299,4 +319,4 @@ class StatefulCall:
         await self.out.json(200, merged)
 
 
-__all__ = ["StatefulCall", "refuse_unmetered_batch", "stateful"]
+__all__ = ["StatefulCall", "stateful"]

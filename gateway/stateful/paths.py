@@ -22,6 +22,12 @@ COLLECTIONS: Final = {
 }
 #: answers streamed through untouched (file contents, batch results: JSONL, maybe GBs)
 _STREAMED: Final = frozenset({"content", "results"})
+#: the actions after an object's id that name an operation (anything else: its method's)
+_ACTIONS: Final = frozenset(
+    {"content", "results", "cancel", "complete", "parts", "search", "items", "files"}
+) | {"file_batches"}
+#: a method on an object (or, for POST and GET, on a collection) -> its operation's verb
+_VERBS: Final = {"GET": "retrieve", "POST": "update", "DELETE": "delete"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,28 @@ class Target:
     @property
     def purpose(self) -> str:
         return COLLECTIONS[self.collection]
+
+    def operation(self, method: str) -> str:
+        """The call's operation name (docs/spec.md §24): ``<collection>.<verb>`` — bounded,
+        never a client string (OpenTelemetry's GenAI conventions name no operation on
+        files or batches).
+
+        >>> parse("/v1/files").operation("POST"), parse("/v1/batches").operation("GET")
+        ('files.create', 'batches.list')
+        >>> parse("/v1/files/f-1/content").operation("GET")
+        'files.content'
+        >>> parse("/v1/messages/batches/b/results").operation("GET")
+        'message_batches.results'
+        >>> parse("/v1/conversations/c/whatever").operation("GET")
+        'conversations.retrieve'
+        """
+        name = "message_batches" if self.collection == "messages/batches" else self.collection
+        if self.root:
+            verb = "create" if method == "POST" else "list"
+        else:
+            action = self.rest.partition("/")[0]
+            verb = action if action in _ACTIONS else _VERBS.get(method, "other")
+        return f"{name}.{verb}"
 
 
 def parse(path: str, anthropic_client: bool = False) -> Target | None:

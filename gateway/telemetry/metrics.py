@@ -123,6 +123,39 @@ class SpendMetrics:
         return self.cost, self.unpriced
 
 
+class ObjectMetrics:
+    """docs/spec.md §24: the stateful calls' streamed bytes and durations, by route and
+    operation (``files.create``, ``files.content``, ``message_batches.results``, …)."""
+
+    __slots__ = ("bytes", "duration")
+
+    def __init__(self) -> None:
+        self.bytes = Counter(
+            "gateway_object_bytes",
+            "Bytes of files and results streamed by stateful calls (upload: to the backend, "
+            "download: to the client)",
+            ("route", "operation", "direction"),
+        )
+        self.duration = Histogram(
+            "gateway_object_duration_seconds",
+            "Time of each stateful call (files, uploads, batches, conversations, vector "
+            "stores), first request byte to last response byte",
+            ("route", "operation"),
+            DURATION_BUCKETS,
+        )
+
+    def observe(self, ctx: RequestContext, seconds: float, trace_id: int | None) -> None:
+        call = ctx.object_call
+        if call is None:
+            return
+        route, operation = call
+        self.duration.observe(call, seconds, trace_id)
+        if ctx.upload_bytes is not None:
+            self.bytes.inc((route, operation, "upload"), ctx.upload_bytes)
+        if ctx.download_bytes is not None:
+            self.bytes.inc((route, operation, "download"), ctx.download_bytes)
+
+
 class Metrics:
     """The docs/spec.md §11 metrics of one process; a :data:`gateway.telemetry.Sink` at request
     end."""
@@ -175,6 +208,10 @@ class Metrics:
         self.mcp = McpMetrics()
         self.counters = (*self.counters, self.mcp.requests)
         self.histograms = (*self.histograms, self.mcp.duration)
+        #: stateful calls (docs/spec.md §24)
+        self.objects = ObjectMetrics()
+        self.counters = (*self.counters, self.objects.bytes)
+        self.histograms = (*self.histograms, self.objects.duration)
 
     def _latency_histograms(self) -> None:
         self.request_duration = Histogram(
@@ -237,6 +274,7 @@ class Metrics:
         if t.first_content is not None:
             self.ttft.observe((model,), t.first_content - t.received, trace_id)
         self._hops(ctx, edges, upstream_s)
+        self.objects.observe(ctx, request_s, trace_id)
         self._spend(ctx, route, model)
         kind = answer.error_type()
         if kind is not None:
@@ -275,7 +313,10 @@ class Metrics:
         self.count_tokens(
             model, usage.input, usage.output, usage.cached_input, usage.cache_write, usage.reasoning
         )
-        if ctx.call is None:  # not a model call: nothing to price
+        if ctx.call is None:  # not a model call: only a batch's results are priced (§24)
+            usd = ctx.answer.cost_usd
+            if usd and ctx.object_call is not None:
+                self.spend.cost.inc((ctx.object_call[0], model, ctx.tenant or "-"), usd)
             return
         usd = cost(ctx)
         if usd is not None:

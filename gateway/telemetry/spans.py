@@ -507,6 +507,8 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
         attrs.append(_s("http.request.body.size", ctx.upload_bytes))
     if ctx.download_bytes is not None:
         attrs.append(_s("http.response.body.size", ctx.download_bytes))
+    if ctx.object_call is not None:  # files.create, batches.retrieve, … (docs/spec.md §24)
+        attrs.append(_s("gateway.object.operation", ctx.object_call[1]))
     flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
     parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
     return otlp.span_fast(

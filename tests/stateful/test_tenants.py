@@ -6,7 +6,6 @@ key — and lists show each tenant its own objects only. Driven by the ``openai`
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,38 +126,3 @@ def test_another_tenant_s_anthropic_batches_are_404(server):
         assert [b.id for b in two.messages.batches.list()] == []
         assert one.messages.batches.retrieve(batch.id).id == batch.id
         assert [b.id for b in one.messages.batches.list()] == [batch.id]
-
-
-def test_a_key_with_a_budget_starts_no_batch(gateway, mock_pair):
-    """Batches are not metered: a budgeted key may not start one, admin or not (an admin key
-    may use the other unmetered paths); a key without a budget may."""
-    a, b = mock_pair
-    admin_key, plain_key = "sk-admin-budget", "sk-plain-budget"
-    keys = "".join(
-        f'\n[[auth.keys]]\ntenant = "t1"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
-        f"budget_usd = 10\n{extra}\n"
-        for k, extra in ((admin_key, "admin = true"), (plain_key, ""))
-    )
-    server = gateway(gateway_config(TWO_TENANTS + keys + mixed_toml(a.url, b.url)))
-    with (
-        openai.OpenAI(base_url=server.base_url, api_key=admin_key, max_retries=0) as admin,
-        openai.OpenAI(base_url=server.base_url, api_key=plain_key, max_retries=0) as plain,
-        openai.OpenAI(base_url=server.base_url, api_key=KEY_ONE, max_retries=0) as free,
-        anthropic.Anthropic(base_url=server.url, api_key=admin_key, max_retries=0) as claude,
-    ):
-        file = admin.files.create(file=("in.jsonl", batch_jsonl(1)), purpose="batch")
-        with pytest.raises(openai.PermissionDeniedError) as exc:
-            admin.batches.create(
-                input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-        assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "budget_batch"
-        with pytest.raises(anthropic.PermissionDeniedError):
-            claude.messages.batches.create(requests=message_requests(1))  # type: ignore[arg-type]
-        with pytest.raises(openai.PermissionDeniedError) as exc:
-            plain.files.create(file=("in.jsonl", batch_jsonl(1)), purpose="batch")
-        assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "budget_passthrough"
-        mine = free.files.create(file=("in.jsonl", batch_jsonl(1)), purpose="batch")
-        batch = free.batches.create(
-            input_file_id=mine.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        assert batch.input_file_id == mine.id
