@@ -210,11 +210,14 @@ def test_received_is_the_first_byte_not_the_first_asgi_event(
             seen_ms = (time.perf_counter() - t0) * 1000
     assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
     log = _wait_lines(access_lines)
-    assert log["request_time_ms"] >= CLIENT_PAUSE_S * 1000
+    # counted from the first byte, the pause is inside the request (from the first ASGI event it
+    # would be a few ms); the first read's callback may itself run a little late on a loaded
+    # machine (the loop lag), so half the pause is the bound, far above the few ms
+    assert log["request_time_ms"] >= CLIENT_PAUSE_S * 1000 / 2
     assert log["request_time_ms"] <= seen_ms
     # the client's pause is not the upstream's: it is on the gateway's side of the ledger
     assert log["upstream_time_ms"] < CLIENT_PAUSE_S * 1000
-    assert _server_timing(raw)["gateway"] >= CLIENT_PAUSE_S * 1000
+    assert _server_timing(raw)["gateway"] >= CLIENT_PAUSE_S * 1000 / 2
 
 
 def _slow_first_token(delay: float) -> Callable[[SeenRequest, asyncio.StreamWriter], Any]:
