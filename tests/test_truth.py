@@ -84,7 +84,7 @@ def access_lines() -> Iterator[list[dict[str, Any]]]:
 
 
 class _Served:
-    """The gateway as ``gateway serve`` runs it (GuardedHttpToolsProtocol), in a thread."""
+    """The gateway as ``gateway serve`` runs it (gateway/http1.py), in a thread."""
 
     def __init__(self, config: Config) -> None:
         self.port = free_port()
