@@ -595,6 +595,9 @@ class Http1Protocol(ClientGuards):
         for exchange in (self.active, self.exchange):
             if exchange is not None:
                 exchange.lost()
+        # no cycle left through the last request (it holds the connection): reference counting
+        # frees both once the app's task is done
+        self.active = self.exchange = None
         self.resume_writing()
 
     def eof_received(self) -> None:
