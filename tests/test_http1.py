@@ -152,7 +152,7 @@ def test_expect_100_continue_is_answered_when_the_app_reads_the_body(port):
     [
         (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: t\r\n\r\n", 414),
         (b"GET / HTTP/1.1\r\n" + b"".join(b"x-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431),
-        (b"GET / HTTP/1.1\r\nx-a: 1\r\n folded\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\ncontent-length: 1x\r\n\r\n", 400),
         (b"NOT HTTP\r\n\r\n", 400),
     ],
 )
