@@ -71,7 +71,7 @@ class GatewayUvicornConfig(uvicorn.Config):
     def __init__(self, app: ASGIApp | str, limits: ClientLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.client_limits = limits
-        #: ``gateway serve`` sets it: see :func:`freeze_startup_objects`
+        #: ``gateway serve`` sets it: see :func:`gateway.http1.freeze_startup_objects`
         self.freeze_gc = False
 
 
