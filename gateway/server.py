@@ -1,6 +1,10 @@
-"""The gateway under uvicorn (uvloop + httptools): slow clients, connection limit, drain.
+"""The gateway under uvicorn's server: slow clients, connection limit, drain.
 
-What stock uvicorn does not do, and the gateway needs in front of the internet (docs/spec.md
+uvicorn runs the process — lifespan, signals, the drain, ``--workers`` — through its public
+``Config``/``Server``; each client connection is the gateway's own HTTP/1.1 protocol,
+:class:`gateway.http1.Http1Protocol` (``Config(http=…)``), which holds the client guards.
+
+What the gateway needs in front of the internet (docs/spec.md
 §4 ``[server]``, §13):
 
 - ``client_header_timeout_s`` (nginx ``client_header_timeout``, Envoy
@@ -22,16 +26,15 @@ What stock uvicorn does not do, and the gateway needs in front of the internet (
   same way) and exits 0 once they are done; it first closes its own copy of the listening
   socket, so the port stops accepting as soon as the workers close theirs.
 
-:class:`GuardedHttpToolsProtocol` is the only place that knows about uvicorn's protocol
-internals; it is small on purpose, so that other per-connection concerns can subclass it.
+What still leans on uvicorn beyond its public API (hence the pin in pyproject.toml):
+:class:`GatewayServer` reads the signals it captured, :class:`Supervisor` hooks the
+supervisor's signal handlers, and the realtime WebSocket protocol
+(``gateway/realtime/server_protocol.py``) subclasses uvicorn's sans-I/O one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import enum
-import gc
 import inspect
 import logging
 import os
@@ -39,22 +42,14 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, cast
 
-import httptools
 import uvicorn
-from uvicorn._types import ASGI3Application
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.server import ServerState
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from gateway.config import Config, is_loopback
-from gateway.context import RECEIVED_AT
-from gateway.deadline import Deadline
-from gateway.errors import error_body
+from gateway.http1 import Awaiting, ClientLimits, Http1Protocol
 from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
 from gateway.types import ASGIApp
 
@@ -62,22 +57,12 @@ from gateway.types import ASGIApp
 STARTUP_FAILURE = 3
 
 
-@dataclass(frozen=True, slots=True)
-class ClientLimits:
-    """The ``[server]`` guards against slow and too many clients (docs/spec.md §4)."""
-
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    max_connections: int = 10_000
-    #: a request head's size (request line + headers) and header count (Envoy's defaults: 60 KiB
-    #: and 100; nginx's 4 x 8 KiB): beyond them, 431 and the connection is closed
-    max_head_bytes: int = 64 * 1024
-    max_headers: int = 100
-
-    @classmethod
-    def of(cls, config: Config) -> ClientLimits:
-        s = config.server
-        return cls(s.client_header_timeout_s, s.client_body_timeout_s, s.max_client_connections)
+def client_limits(config: Config) -> ClientLimits:
+    """The ``[server]`` guards of ``config``."""
+    s = config.server
+    return ClientLimits(
+        s.client_header_timeout_s, s.client_body_timeout_s, s.max_client_connections
+    )
 
 
 class GatewayUvicornConfig(uvicorn.Config):
@@ -86,293 +71,8 @@ class GatewayUvicornConfig(uvicorn.Config):
     def __init__(self, app: ASGIApp | str, limits: ClientLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.client_limits = limits
-        #: ``gateway serve`` sets it: see :func:`freeze_startup_objects`
+        #: ``gateway serve`` sets it: see :func:`gateway.http1.freeze_startup_objects`
         self.freeze_gc = False
-
-
-_frozen = False
-
-
-def freeze_startup_objects() -> None:
-    """``gc.freeze()`` once per process, when the first client connects (the app is built by
-    then): the startup objects (modules, config, pools, the runtime) leave the collector's
-    generations, so its periodic full collections stop walking them — measured at several per
-    cent of the CPU under load here (more with streams, whose relay allocates per event).
-    Objects are still freed by reference counting; only cycles among startup objects are never
-    collected, and startup makes none that matter."""
-    global _frozen
-    if not _frozen:
-        _frozen = True
-        gc.freeze()
-
-
-def _canned(status: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
-    """A whole HTTP/1.1 answer with the OpenAI error shape, sent outside any request."""
-    kind = _CANNED_TYPES.get(status[:3], "invalid_request_error")
-    body = error_body(message, kind, code)
-    retry = b"true" if kind == "service_unavailable" else b"false"
-    return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n" + extra + b"connection: close\r\n"
-        b"x-should-retry: " + retry + b"\r\n\r\n"
-    ) + body
-
-
-#: the OpenAI error type of each answer sent outside a request (the rest: invalid_request_error)
-_CANNED_TYPES = {b"408": "request_timeout", b"503": "service_unavailable"}
-
-
-class OneWrite:
-    """The client transport as uvicorn's request cycle sees it: each response's head waits for
-    the first body write of the same event-loop step and leaves with it, so a whole answer (and
-    a stream's first event) is one ``write`` — one syscall instead of two, measured as the
-    largest single cost per proxied request here. A head that no body write follows in that
-    step (a passthrough awaiting its upstream, a HEAD answer) goes out when the step ends; a
-    close writes it first. Order is kept: nothing is ever written past a held head."""
-
-    __slots__ = ("_flush", "_held", "_loop", "_transport", "armed")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-        self._flush: asyncio.Handle | None = None
-        #: hold the next write (set as each request's cycle begins: its first write is the head)
-        self.armed = False
-
-    def write(self, data: bytes) -> None:
-        if self.armed:
-            self.armed = False
-            self._held = data
-            self._flush = self._loop.call_soon(self.flush)
-            return
-        held = self._held
-        if held is None:
-            self._transport.write(data)
-            return
-        self._held = None
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        self._transport.writelines((held, data))
-
-    def flush(self) -> None:
-        held, self._held, self._flush = self._held, None, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-
-class Awaiting(enum.Enum):
-    """What a client connection owes the gateway next, as the guards see it::
-
-        accept ──▶ HEAD ──head in──▶ BODY ──message complete──▶ NOTHING
-                    ▲                                              │
-                    └──────────── the next request's first byte ───┘
-
-    One timer per connection serves all three (:class:`~gateway.deadline.Deadline`).
-    """
-
-    #: a request head: due ``client_header_timeout_s`` after the accept (a connection's first
-    #: request) or after the request's first byte (a kept-alive connection's next one)
-    HEAD = "head"
-    #: the rest of the request body: no gap between two reads over ``client_body_timeout_s``
-    #: (time the gateway is not reading never counts)
-    BODY = "body"
-    #: the request is read, or the connection is between requests (uvicorn's keep-alive
-    #: timeout watches that)
-    NOTHING = "nothing"
-
-
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the client guards: header and body timeouts, and a
-    connection limit. The guards' one :class:`~gateway.deadline.Deadline` per connection times
-    what the client owes (:class:`Awaiting`); its timer is armed only when a read leaves a
-    request head or body unfinished (and set again only when it fires early, never per chunk):
-    a request that arrives in one read costs none.
-
-    Two more things for the Timeline and the hot path (issue 15): the request's first byte read
-    is stamped into the scope (:data:`gateway.context.RECEIVED_AT`), and each request's cycle
-    writes through :class:`OneWrite`."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        gateway = config if isinstance(config, GatewayUvicornConfig) else None
-        self.client_limits = ClientLimits() if gateway is None else gateway.client_limits
-        self._freeze_gc = gateway is not None and gateway.freeze_gc
-        self.awaiting = Awaiting.NOTHING
-        self._guard = Deadline(self.loop, self.client_limits.header_timeout_s, self._guard_expired)
-        self._out: OneWrite | None = None
-        self._head_bytes = 0
-        self._head_count = 0
-        #: the whole answer to send instead of uvicorn's bare 400 when a guard refused the head
-        self._refusal: bytes | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if self._freeze_gc:
-            freeze_startup_objects()
-        self._out = OneWrite(transport, self.loop)
-        limits = self.client_limits
-        if len(self.connections) > limits.max_connections:
-            message = f"the gateway holds {limits.max_connections} client connections; retry"
-            transport.write(
-                _canned(b"503 Service Unavailable", "max_client_connections", message, _RETRY_1)
-            )
-            transport.close()
-            return
-        # a client that sends nothing at all: its head is due within the timeout of the accept
-        self._expect(Awaiting.HEAD)
-        self._guard.arm()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        # a read that leaves a head or a body unfinished arms the guard's timer (if it is not):
-        # a request that arrives whole in one read (nearly all of them) costs no timer at all
-        self._guard.arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.awaiting = Awaiting.NOTHING
-        self._guard.stop()
-        super().connection_lost(exc)
-
-    def on_message_begin(self) -> None:
-        # httptools calls this from data_received on the request's first byte: that read is the
-        # Timeline's ``received`` (docs/spec.md §6), before parsing, the ASGI task and queueing
-        received = time.perf_counter()
-        self._head_bytes = self._head_count = 0
-        super().on_message_begin()
-        self.scope[RECEIVED_AT] = received  # type: ignore[literal-required]
-        if self.awaiting is Awaiting.NOTHING:  # a kept-alive connection's next request
-            self._expect(Awaiting.HEAD)
-
-    def on_url(self, url: bytes) -> None:
-        self._head_bytes += len(url)
-        if self._head_bytes > self.client_limits.max_head_bytes:
-            self._refuse_head(b"414 URI Too Long", "uri_too_long", "the request target is too long")
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        limits = self.client_limits
-        self._head_bytes += len(name) + len(value)
-        self._head_count += 1
-        if self._head_count > limits.max_headers or self._head_bytes > limits.max_head_bytes:
-            self._refuse_head(
-                b"431 Request Header Fields Too Large",
-                "request_header_fields_too_large",
-                f"the request head is over {limits.max_headers} headers or "
-                f"{limits.max_head_bytes} bytes",
-            )
-        if b"\r" in value or b"\n" in value:
-            # an obs-fold (RFC 9112 §5.2) or a bare CR/LF that a lenient parser let through: never
-            # forwarded, where it would start a header line of its own upstream
-            self._refuse_head(
-                b"400 Bad Request", "invalid_header", "a header value holds a line break"
-            )
-        super().on_header(name, value)
-
-    def _refuse_head(self, status: bytes, code: str, message: str) -> None:
-        """Stop parsing this head: uvicorn answers a parser error with :meth:`send_400_response`,
-        which sends ``status`` (OpenAI error shape) instead and closes."""
-        self._refusal = _canned(status, code, message)
-        raise httptools.HttpParserError(message)
-
-    def send_400_response(self, msg: str) -> None:
-        refusal, self._refusal = self._refusal, None
-        if refusal is None:
-            super().send_400_response(msg)
-            return
-        if not self.transport.is_closing():
-            self.transport.write(refusal)
-            self.transport.close()
-
-    def on_headers_complete(self) -> None:
-        super().on_headers_complete()
-        # a body may follow: the gaps between its reads are watched until message complete
-        self._expect(Awaiting.BODY)
-
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        # the cycle starts now (at once, or a pipelined one after the previous response): its
-        # first write is its response head (or a 100 Continue), held by OneWrite
-        out = self._out
-        if out is not None:
-            out.armed = True
-            cycle.transport = out  # type: ignore[assignment]
-        super()._start_asgi_task(cycle, app)
-
-    def handle_websocket_upgrade(self) -> None:
-        # the connection is the WebSocket protocol's from here on: the guards let go of it
-        self._expect(Awaiting.NOTHING)
-        super().handle_websocket_upgrade()
-
-    def on_body(self, body: bytes) -> None:
-        self._guard.touch()
-        super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        self._expect(Awaiting.NOTHING)
-        super().on_message_complete()
-
-    # ------------------------------------------------------------ the guards
-
-    def _expect(self, what: Awaiting) -> None:
-        """The guards' one transition: what the client owes next, from now. A timer armed for
-        what it owed before is cancelled (it may be due too late for the new timeout)."""
-        self.awaiting = what
-        guard = self._guard
-        guard.stop()
-        if what is Awaiting.HEAD:
-            guard.timeout = self.client_limits.header_timeout_s
-            guard.begin()
-        elif what is Awaiting.BODY:
-            guard.timeout = self.client_limits.body_timeout_s
-            guard.begin()
-
-    def _guard_expired(self) -> None:
-        """The guard's deadline passed: the client owed a head, or body bytes, that long."""
-        if self.transport.is_closing():
-            return
-        timeout = self._guard.timeout
-        if self.awaiting is Awaiting.HEAD:
-            self._close_with_408(
-                "client_header_timeout", f"the request head did not arrive within {timeout:g} s"
-            )
-            return
-        cycle = self.cycle
-        if cycle is None:
-            return
-        if self.flow.read_paused or cycle.waiting_for_100_continue:
-            self._guard.start()  # the gateway is not reading: not the client's time
-            return
-        self._close_with_408(
-            "client_body_timeout", f"no request body bytes arrived for {timeout:g} s"
-        )
-
-    def _close_with_408(self, code: str, message: str) -> None:
-        self.awaiting = Awaiting.NOTHING
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete or not cycle.response_started:
-            self.transport.write(_canned(b"408 Request Timeout", code, message))
-        if cycle is not None and not cycle.response_complete:
-            # the request path sees the client go away; nothing else is written here
-            cycle.disconnected = True
-            cycle.message_event.set()
-        self.transport.close()
-
-
-_RETRY_1 = b"retry-after: 1\r\n"
 
 
 class GatewayServer(uvicorn.Server):
@@ -423,7 +123,7 @@ def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> Gate
         host=server.host,
         port=server.port,
         loop="uvloop",
-        http=GuardedHttpToolsProtocol,
+        http=Http1Protocol,  # gateway/http1.py: the edge of our own
         # GET /v1/realtime (docs/spec.md §19): websockets' sans-I/O protocol with socket stamps;
         # frames over [realtime] max_message_bytes close the session with 1009; no deflate
         ws=RealtimeWebSocketProtocol,
@@ -439,7 +139,7 @@ def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> Gate
         backlog=4096,
     )
     options.update(overrides)
-    return GatewayUvicornConfig(app, ClientLimits.of(config), **options)
+    return GatewayUvicornConfig(app, client_limits(config), **options)
 
 
 #: the gateway's own lines (``serving on``, a port in use, the startup warnings), written in
@@ -570,7 +270,7 @@ __all__ = [
     "ClientLimits",
     "GatewayServer",
     "GatewayUvicornConfig",
-    "GuardedHttpToolsProtocol",
+    "Http1Protocol",
     "Supervisor",
     "bind",
     "exposure_warning",

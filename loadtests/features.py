@@ -12,7 +12,7 @@ so what the machine does meanwhile touches them all alike; the startup objects a
 the garbage collector first, as ``gateway serve`` does. Every variant runs the same requests with
 one config difference, so the
 difference to ``core`` is what that feature costs the request path. What it leaves out is the
-same for every variant: uvicorn's HTTP parsing and the socket syscalls (``overhead.py``).
+same for every variant: the server edge's HTTP parsing and the socket syscalls (``overhead.py``).
 
 Prints a markdown table: variant, µs of CPU per request, and the difference to ``core``.
 """

@@ -84,8 +84,9 @@ class ThreadedServer:
 
 
 class GatewayServer(ThreadedServer):
-    """The gateway on the server stack ``gateway serve`` runs (its guarded httptools protocol:
-    client timeouts and limits, the socket ``received`` stamp, one write per response)."""
+    """The gateway on the server stack ``gateway serve`` runs (its own HTTP/1.1 protocol,
+    gateway/http1.py: client timeouts and limits, the socket ``received`` stamp, one write per
+    response)."""
 
     def __init__(self, config: Config) -> None:
         self.app = Gateway(config)

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.server import STARTUP_FAILURE, Awaiting, GuardedHttpToolsProtocol, exposure_warning
+from gateway.server import STARTUP_FAILURE, Awaiting, Http1Protocol, exposure_warning
 from tests.gateway_process import chat_request, read_answer
 from tests.support import GatewayServer, gateway_cli, gateway_config
 from tests.transports.test_h1_impl import until
@@ -134,10 +134,10 @@ def test_exposure_warning_table(host: str, extra: str, key_env: bool, warns: boo
 # ---------------------------------------------------------------- the client guards' states
 
 
-def connection_of(gw: GatewayServer, port: int) -> GuardedHttpToolsProtocol:
+def connection_of(gw: GatewayServer, port: int) -> Http1Protocol:
     """The server's protocol object for the client connection from local ``port``."""
     for proto in gw.server.server_state.connections:
-        if isinstance(proto, GuardedHttpToolsProtocol) and proto.client == ("127.0.0.1", port):
+        if isinstance(proto, Http1Protocol) and proto.client == ("127.0.0.1", port):
             return proto
     raise AssertionError(f"no connection from port {port}")
 

@@ -61,7 +61,7 @@ QUIET = '[logging]\naccess_log = "all"\n[cache]\nbackend = "off"\n[tracing]\nexp
 
 
 class _Served:
-    """The gateway as ``gateway serve`` runs it (GuardedHttpToolsProtocol), in a thread."""
+    """The gateway as ``gateway serve`` runs it (gateway/http1.py), in a thread."""
 
     def __init__(self, config: Config) -> None:
         self.port = free_port()

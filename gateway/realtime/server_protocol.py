@@ -7,7 +7,7 @@ WebSocketsSansIOProtocol`): the frames are parsed, masked and written by ``webso
 the gateway. This subclass adds:
 
 - :data:`~gateway.context.RECEIVED_AT` on ``websocket.connect``: the upgrade request's first
-  byte, as the HTTP protocol stamped it (the upgrade comes from uvicorn's httptools protocol,
+  byte, as the HTTP protocol stamped it (the upgrade comes from gateway/http1.py's protocol,
   which is still the transport's protocol while this one is being connected), else the moment
   the upgrade was handed over;
 - :data:`READ_AT` on each ``websocket.receive``: when the read that completed the message
