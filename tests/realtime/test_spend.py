@@ -21,7 +21,6 @@ from tests.realtime.test_handshake import CLIENT_KEY, keyed, refused, run, ws_ur
 from tests.realtime.test_telemetry import (  # noqa: F401 - fixtures
     _once_closed,
     _value,
-    access_lines,
     receiver,
     two_responses,
 )
@@ -41,7 +40,7 @@ def test_each_response_is_priced_and_the_session_costs_their_sum(
     gateway,
     realtime_upstream,
     receiver,  # noqa: F811
-    access_lines,  # noqa: F811
+    access_lines,
 ):
     up = realtime_upstream(deltas=2)
     extra = PRICES + '[logging]\naccess_log = "all"\n' + traced(receiver.endpoint)
