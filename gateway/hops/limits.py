@@ -611,7 +611,6 @@ class RedisLimits:
         self._live: dict[str, tuple[Allowance, tuple[bytes, ...]]] = {}
         self._renewing: asyncio.Task[None] | None = None
         self._flushing: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._replaying = asyncio.Lock()
         #: True while limits are counted per process because Redis is unreachable
         self.fallback = False
@@ -626,13 +625,6 @@ class RedisLimits:
     def _up(self) -> None:
         self.fallback = False
         log.warning("rate limits: Redis is back; limits are shared by the replicas again")
-        self._replay_soon()
-
-    def _replay_soon(self) -> None:
-        if self._ledger:
-            task = asyncio.get_running_loop().create_task(self._flush())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     def _keys(self, a: Allowance, rid: str) -> tuple[bytes, ...]:
         return (*a.script_keys, (a.record_prefix + rid).encode())
@@ -784,7 +776,7 @@ class RedisLimits:
         return out, True
 
     async def aclose(self) -> None:
-        for task in (self._renewing, self._flushing, *self._tasks):
+        for task in (self._renewing, self._flushing):
             if task is not None:
                 task.cancel()
         if self._ledger:  # a last chance for what Redis missed (bounded: shutdown goes on)
