@@ -37,9 +37,9 @@ What it does, and how:
 - chunked and content-length request bodies (httptools decodes them), chunked responses when
   the app sets no content-length, HEAD (the head only).
 
-A WebSocket upgrade (``GET /v1/realtime``) is handed, with the transport, to uvicorn's
-``ws`` protocol class from the config (``gateway/realtime/server_protocol.py``), as uvicorn's
-own HTTP protocols do.
+A WebSocket upgrade (``GET /v1/realtime``) is handed, with the transport and the parsed head,
+to the gateway's own WebSocket protocol (``gateway/realtime/server_protocol.py``, on
+``websockets``' sans-I/O one), which validates the handshake and serves the ASGI app from there.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ import httptools
 from gateway.context import RECEIVED_AT
 from gateway.deadline import Deadline
 from gateway.errors import error_body
+from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
 
 log = logging.getLogger("gateway")
 
@@ -541,6 +542,8 @@ class Http1Protocol(ClientGuards):
         self.app_state = app_state
         self.limits: ClientLimits = getattr(config, "client_limits", None) or ClientLimits()
         self._freeze_gc = bool(getattr(config, "freeze_gc", False))
+        self.ws_enabled = config.ws_protocol_class is not None
+        self.ws_max_size: int = config.ws_max_size
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: tuple[str, int] | None = None
@@ -666,7 +669,7 @@ class Http1Protocol(ClientGuards):
         if version != "1.1":
             scope["http_version"] = version
         upgrade = parser.should_upgrade()
-        if upgrade and self._upgrade_to == b"websocket" and self.config.ws_protocol_class:
+        if upgrade and self._upgrade_to == b"websocket" and self.ws_enabled:
             return  # data_received hands the connection over (HttpParserUpgrade)
         url = httptools.parse_url(self._url)
         raw_path = url.path
@@ -738,31 +741,26 @@ class Http1Protocol(ClientGuards):
             self._idle.start()
 
     def _upgrade(self) -> None:
-        """``HttpParserUpgrade``: a WebSocket handshake goes, with the transport, to the
-        config's ``ws`` protocol (it parses the handshake again from the head rebuilt here);
-        any other upgrade was served as plain HTTP and the connection closes after it."""
-        ws_protocol = self.config.ws_protocol_class
+        """``HttpParserUpgrade``: a WebSocket handshake goes, with the transport, to
+        :class:`~gateway.realtime.server_protocol.RealtimeWebSocketProtocol` (``websockets``
+        validates it from the head parsed here); any other upgrade was served as plain HTTP and
+        the connection closes after it."""
         exchange = self.exchange
         if exchange is not None and exchange.scope is self.scope:
             exchange.keep_alive = False
             return
-        if ws_protocol is None:
+        if not self.ws_enabled:
             return
         # the connection is the WebSocket protocol's from here on: the guards let go of it
         self._expect(Awaiting.NOTHING)
         self._idle.stop()
         self.connections.discard(self)
-        scope = self.scope
-        head = [scope["method"].encode(), b" ", self._url, b" HTTP/1.1\r\n"]
-        for name, value in self._headers:
-            head += (name, b": ", value, b"\r\n")
-        head.append(b"\r\n")
-        protocol = ws_protocol(
-            config=self.config, server_state=self.server_state, app_state=self.app_state
+        protocol = RealtimeWebSocketProtocol(
+            self.app, self.app_state, self.connections, self.tasks, self.loop, self.ws_max_size
         )
         protocol.connection_made(self.transport)
         self.transport.set_protocol(protocol)
-        protocol.data_received(b"".join(head))
+        protocol.upgrade(self.scope, self._url, self._headers)
 
 
 __all__ = [

@@ -28,8 +28,9 @@ What the gateway needs in front of the internet (docs/spec.md
 
 What still leans on uvicorn beyond its public API (hence the pin in pyproject.toml):
 :class:`GatewayServer` reads the signals it captured, :class:`Supervisor` hooks the
-supervisor's signal handlers, and the realtime WebSocket protocol
-(``gateway/realtime/server_protocol.py``) subclasses uvicorn's sans-I/O one.
+supervisor's signal handlers. (The realtime WebSocket protocol,
+``gateway/realtime/server_protocol.py``, is the gateway's own on ``websockets``' sans-I/O API:
+``ws=`` below only switches upgrades on, for :class:`Http1Protocol` to hand them over.)
 """
 
 from __future__ import annotations
@@ -124,8 +125,9 @@ def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> Gate
         port=server.port,
         loop="uvloop",
         http=Http1Protocol,  # gateway/http1.py: the edge of our own
-        # GET /v1/realtime (docs/spec.md §19): websockets' sans-I/O protocol with socket stamps;
-        # frames over [realtime] max_message_bytes close the session with 1009; no deflate
+        # GET /v1/realtime (docs/spec.md §19): Http1Protocol hands upgrades to this protocol
+        # (its own, on websockets' sans-I/O API; uvicorn never builds it); messages over
+        # [realtime] max_message_bytes close the session with 1009; deflate is never offered
         ws=RealtimeWebSocketProtocol,
         ws_max_size=config.realtime.max_message_bytes,
         ws_per_message_deflate=False,
