@@ -6,7 +6,8 @@
 - :mod:`.relay`: the two pumps and the one close path, the limits;
 - :mod:`.events`: what the relay reads in the events it passes on (model responses);
 - :mod:`.spans`: the session's spans;
-- :mod:`.server_protocol`: uvicorn's WebSocket protocol with the socket stamps the Timeline needs.
+- :mod:`.server_protocol`: the client's WebSocket hop, our asyncio protocol on ``websockets``'
+  sans-I/O one, with the socket stamps the Timeline needs and the relay's direct path.
 
 Nothing is imported here: ``gateway.server`` imports the protocol alone.
 """

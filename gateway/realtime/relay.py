@@ -8,7 +8,7 @@
     client ◀── [direct: written to the client in the same read callback] ◀──read── upstream
            ╰─────── send ◀── [upstream pump] ◀── recv ─╯                   messages_out
 
-**The direct path** (when both ends are sockets of this process: the server is uvicorn with
+**The direct path** (when both ends are sockets of this process: the client's end is
 :class:`~gateway.realtime.server_protocol.RealtimeWebSocketProtocol`, the upstream a
 ``websockets`` connection): each whole message is offered to the relay by the protocol that
 read it, inside its ``data_received``, and written to the other side right there — no queue,
@@ -351,7 +351,7 @@ class Relay(_DirectPath):
                     await send({"type": "websocket.send", "text": message})
                 else:
                     await send({"type": "websocket.send", "bytes": message})
-            except OSError:  # uvicorn's ClientDisconnected: the client is gone
+            except OSError:  # server_protocol's ClientDisconnected: the client is gone
                 self._client_closed = True
                 return End(BY_CLIENT, 1006, "")
             up.relayed()
@@ -411,7 +411,7 @@ class Relay(_DirectPath):
         """The one close path: each side that is still open gets its close."""
         up = self._up
         if end.by == BY_CLIENT:
-            # the client closed (uvicorn echoed it) or vanished: the upstream, within 1 s
+            # the client closed (its close was echoed) or vanished: the upstream, within 1 s
             code = end.code if sendable(end.code) else 1001
             await up.close(code, end.reason if sendable(end.code) else "client went away")
             return

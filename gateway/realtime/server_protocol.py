@@ -103,14 +103,74 @@ def _phrase(status: int) -> str:
         return ""
 
 
-class ClientSocket(asyncio.Protocol):
+class Keepalive:
+    """Pings to the client once accepted: one every :attr:`ping_interval`, each pong due within
+    :attr:`ping_timeout` (else the connection fails with 1011). The next ping is timed from
+    the pong, so a slow client is not pinged again before it answered."""
+
+    #: per instance (tests shorten them)
+    ping_interval: float | None = PING_INTERVAL_S
+    ping_timeout: float | None = PING_TIMEOUT_S
+
+    conn: ServerProtocol
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Message]
+    close_sent: bool
+    _ping_timer: asyncio.TimerHandle | None = None
+    _pong_timer: asyncio.TimerHandle | None = None
+    _ping_payload: bytes | None = None
+
+    def _flush_and_close(self) -> None:
+        raise NotImplementedError
+
+    def _start_keepalive(self) -> None:
+        if self.ping_interval:
+            self._ping_timer = self.loop.call_later(self.ping_interval, self._ping)
+
+    def _stop_keepalive(self) -> None:
+        for timer in (self._ping_timer, self._pong_timer):
+            if timer is not None:
+                timer.cancel()
+        self._ping_timer = self._pong_timer = self._ping_payload = None
+
+    def _ping(self) -> None:
+        self._ping_timer = None
+        if self.close_sent or self.transport.is_closing():
+            return
+        # a random payload tells this ping's pong from a stale or unsolicited one
+        self._ping_payload = payload = random.getrandbits(32).to_bytes(4, "big")
+        self.conn.send_ping(payload)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        if self.ping_timeout:
+            self._pong_timer = self.loop.call_later(self.ping_timeout, self._pong_overdue)
+        else:
+            self._start_keepalive()
+
+    def _pong(self, event: Frame) -> None:
+        if self._ping_payload is None or bytes(event.data) != self._ping_payload:
+            return
+        self._ping_payload = None
+        if self._pong_timer is not None:
+            self._pong_timer.cancel()
+            self._pong_timer = None
+            self._start_keepalive()
+
+    def _pong_overdue(self) -> None:
+        self._pong_timer = self._ping_payload = None
+        if self.close_sent or self.transport.is_closing():
+            return
+        self.close_sent = True
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": 1011})
+        self.conn.fail(1011, "keepalive ping timeout")
+        self._flush_and_close()
+
+
+class ClientSocket(Keepalive, asyncio.Protocol):
     """The transport's half of :class:`RealtimeWebSocketProtocol`: frames in and out, the
     close handshake, keepalive, back-pressure and shutdown. The ASGI half (the app's
     ``receive``/``send``) is the subclass."""
 
-    #: keepalive, per instance (tests shorten them)
-    ping_interval: float | None = PING_INTERVAL_S
-    ping_timeout: float | None = PING_TIMEOUT_S
     close_timeout = CLOSE_TIMEOUT_S
 
     read_at = 0.0
@@ -133,7 +193,9 @@ class ClientSocket(asyncio.Protocol):
         self.connections = connections
         self.tasks = tasks
         self.loop = loop
-        self.conn = ServerProtocol(max_size=max_size, logger=log)
+        # websockets logs to its own logger ("websockets.server"): its INFO lines per connection
+        # stay out of the gateway's log
+        self.conn = ServerProtocol(max_size=max_size)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         #: the app's inbox (``websocket.connect``, ``receive``, ``disconnect``)
         self.queue: asyncio.Queue[Message] = asyncio.Queue()
@@ -148,9 +210,6 @@ class ClientSocket(asyncio.Protocol):
         self.close_sent = False
         self.disconnected = False
         self._close_timer: asyncio.TimerHandle | None = None
-        self._ping_timer: asyncio.TimerHandle | None = None
-        self._pong_timer: asyncio.TimerHandle | None = None
-        self._ping_payload: bytes | None = None
         #: a fragmented message being read: its frames, and whether it is text
         self._frames: list[bytes] = []
         self._text = False
@@ -224,9 +283,14 @@ class ClientSocket(asyncio.Protocol):
         if text:
             try:
                 message: Message = {"type": "websocket.receive", "text": data.decode()}
-            except UnicodeDecodeError:
-                self.conn.fail(1007, "invalid UTF-8")
-                return  # data_received closes
+            except UnicodeDecodeError:  # failed as websockets' own client would: 1007
+                self.close_sent = True  # nothing read after it is taken
+                reason = "invalid UTF-8"
+                self.queue.put_nowait(
+                    {"type": "websocket.disconnect", "code": 1007, "reason": reason}
+                )
+                self.conn.fail(1007, reason)
+                return  # data_received writes the close and closes
         else:
             message = {"type": "websocket.receive", "bytes": data}
         message[READ_AT] = self.read_at
@@ -324,49 +388,6 @@ class ClientSocket(asyncio.Protocol):
         """The handshake's HTTP answer, other than a 101: sent, and the socket closed."""
         self.handshake_complete = self.answered = self.close_sent = True
         self.conn.send_response(response)
-        self._flush_and_close()
-
-    # ------------------------------------------------------------ keepalive
-
-    def _start_keepalive(self) -> None:
-        if self.ping_interval:
-            self._ping_timer = self.loop.call_later(self.ping_interval, self._ping)
-
-    def _stop_keepalive(self) -> None:
-        for timer in (self._ping_timer, self._pong_timer):
-            if timer is not None:
-                timer.cancel()
-        self._ping_timer = self._pong_timer = self._ping_payload = None
-
-    def _ping(self) -> None:
-        self._ping_timer = None
-        if self.close_sent or self.transport.is_closing():
-            return
-        # a random payload tells this ping's pong from a stale or unsolicited one
-        self._ping_payload = payload = random.getrandbits(32).to_bytes(4, "big")
-        self.conn.send_ping(payload)
-        self.transport.write(b"".join(self.conn.data_to_send()))
-        if self.ping_timeout:
-            self._pong_timer = self.loop.call_later(self.ping_timeout, self._pong_overdue)
-        else:
-            self._start_keepalive()
-
-    def _pong(self, event: Frame) -> None:
-        if self._ping_payload is None or bytes(event.data) != self._ping_payload:
-            return
-        self._ping_payload = None
-        if self._pong_timer is not None:
-            self._pong_timer.cancel()
-            self._pong_timer = None
-            self._start_keepalive()
-
-    def _pong_overdue(self) -> None:
-        self._pong_timer = self._ping_payload = None
-        if self.close_sent or self.transport.is_closing():
-            return
-        self.close_sent = True
-        self.queue.put_nowait({"type": "websocket.disconnect", "code": 1011})
-        self.conn.fail(1011, "keepalive ping timeout")
         self._flush_and_close()
 
 
