@@ -3,12 +3,17 @@
 and a direct path for the relay.
 
 gateway/http1.py's protocol hands a WebSocket upgrade (``GET /v1/realtime`` with ``Upgrade:
-websocket``) over with the transport (:meth:`Http1Protocol._upgrade`): the head it parsed is
-given to ``websockets`` as it arrived (``receive_data``), which validates the handshake
-(``accept``: a 101, or the 400/426 it answers a bad one with, sent as is and the connection
-closed); from then on the frames are parsed, checked and written by ``websockets`` (its frame
-masking and UTF-8 checks run in C, ``websockets.speedups``), never by the gateway. Nothing here
-reaches into uvicorn, nor below ``websockets``' documented sans-I/O API.
+websocket``) over with the transport (:meth:`Http1Protocol._upgrade`), built from its own
+attributes: the app, the lifespan state, the server's ``connections`` and ``tasks`` sets, the
+loop, ``[realtime] max_message_bytes``, and the head it parsed (scope, target, headers). That
+head, written out again, is fed to ``websockets`` (``receive_data``: its own request parser,
+once per session), which validates the handshake (``accept``: a 101, or the 400/426 it answers
+a bad one with, sent as is and the connection closed) exactly as its servers do; from then on
+the frames are parsed, unmasked (in C, ``websockets.speedups``) and written by ``websockets``,
+never by the gateway. Nothing here reaches into uvicorn, nor below ``websockets``' documented
+sans-I/O API (``receive_data``, ``events_received``, ``data_to_send``, ``accept``, ``reject``,
+``send_response``, ``send_*``, ``fail``, ``state``; and the ``close_rcvd`` / ``close_sent``
+attributes for the codes of a close, as ``websockets``' own asyncio connection reads them).
 
 What the app gets is ASGI's WebSocket interface (``websocket.connect``, ``accept``, ``send``,
 ``receive``, ``close``, ``disconnect``) with the ``websocket.http.response`` extension, which
