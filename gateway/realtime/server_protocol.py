@@ -67,7 +67,7 @@ from urllib.parse import unquote
 
 import httptools
 from websockets.datastructures import Headers
-from websockets.frames import OP_BINARY, OP_CONT, OP_PONG, OP_TEXT, Frame
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN, SEND_EOF
 from websockets.server import ServerProtocol
@@ -87,6 +87,8 @@ Take = Callable[[bytes, bool, float], bool]
 #: drain (:attr:`drain`) there — no probing of ``receive.__self__``
 CLIENT_END = "gateway.client_end"
 
+#: the opcodes read (``Opcode`` members: websockets 17 no longer exports the ``OP_*`` aliases)
+OP_TEXT, OP_BINARY, OP_CONT, OP_PONG = Opcode.TEXT, Opcode.BINARY, Opcode.CONT, Opcode.PONG
 #: keepalive (uvicorn's defaults, which served this hop before): a ping this long after the
 #: accept and after each pong, and the connection fails with 1011 when no pong comes this long
 PING_INTERVAL_S = 20.0
