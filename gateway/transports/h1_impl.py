@@ -351,6 +351,17 @@ class H1Response:
     def done_at(self) -> float | None:
         return self._ex.done_at
 
+    def complete_body(self, limit: int) -> bytes | None:
+        ex = self._ex
+        if ex.state is not _COMPLETE or ex.unread > limit:
+            return None
+        chunks = ex.chunks
+        body = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        ex.unread = 0
+        self._conn.resume()
+        return body
+
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         ex = self._ex
         conn = self._conn

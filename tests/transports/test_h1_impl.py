@@ -66,6 +66,38 @@ def test_json_answer_keep_alive_and_one_connection_for_many_requests(scripted):
     assert seen.header("content-length") == "2"
 
 
+def test_complete_body_takes_a_whole_answer_at_once_and_only_then(scripted):
+    """The relay's fast path: an answer read whole is taken in one call (and the connection
+    goes back to the pool); one still arriving, or bigger than the limit, is left to aiter_raw."""
+
+    async def late_body(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"late")
+        return True
+
+    whole = scripted(answering(b'{"ok": true}'))
+    late = scripted(late_body)
+    t, t_late = transport(whole.url), transport(late.url)
+
+    async def main() -> None:
+        for _ in range(3):
+            resp = await t.request("POST", whole.url + "/x", [], b"{}")
+            await asyncio.sleep(0.01)  # the body is read by then
+            assert resp.complete_body(5) is None  # over the limit: nothing taken
+            assert resp.complete_body(1024) == b'{"ok": true}'
+            assert await body_of(resp) == b""  # taken: nothing left to iterate
+        resp = await t_late.request("GET", late.url + "/x", [], None)
+        assert resp.complete_body(1024) is None  # the head came alone
+        assert await body_of(resp) == b"late"
+        await t.aclose()
+        await t_late.aclose()
+
+    run(main)
+    assert whole.connections == 1 and len(whole.requests) == 3
+
+
 def test_a_body_that_is_not_read_closes_its_connection(scripted):
     up = scripted(answering(b"x" * 10_000))
     t = transport(up.url)
