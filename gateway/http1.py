@@ -33,6 +33,8 @@ What it does, and how:
   ``pause_writing`` from the transport makes the app's next ``send`` wait for the buffer.
 - **a client that goes away**: the app's ``receive()`` gives ``http.disconnect`` (the request
   path books a 499), and its ``send`` is a no-op from then on.
+- **a ``date`` header** on every answer: :attr:`Edge.date`, one encoded line the server sets
+  again at each second's turn (nothing is formatted per request).
 - chunked and content-length request bodies (httptools decodes them), chunked responses when
   the app sets no content-length, HEAD (the head only).
 

@@ -242,7 +242,8 @@ class Server:
             await asyncio.sleep(0.05)
         left = list(edge.tasks)
         if left:
-            log.error(f"gateway: shutdown_grace_s is over: cancelling {len(left)} request(s)")
+            why = "a second SIGINT" if self._forced else "shutdown_grace_s is over"
+            log.error(f"gateway: {why}: cancelling {len(left)} request(s) still running")
             for task in left:
                 task.cancel()
             await asyncio.wait(left, timeout=1.0)
