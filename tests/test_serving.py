@@ -74,6 +74,21 @@ def test_two_workers_serve_and_a_worker_that_dies_is_replaced(tmp_path, upstream
     assert "starting another" in gw.output
 
 
+def test_sigint_to_the_supervisor_drains_the_workers_streams_and_exits_0(tmp_path, upstream):
+    up = upstream(paced_upstream([], gap=0.2))
+    config = backend_toml("up", up.url) + ROUTE
+    with gateway_process(tmp_path, config, workers=2, server_extra="shutdown_grace_s = 20") as gw:
+        conn, resp, first = open_stream(gw.port)
+        workers = children(gw.proc.pid)
+        gw.proc.send_signal(signal.SIGINT)  # the parent only (a terminal's Ctrl+C: all of them)
+        wait_for(lambda: refuses_connections(gw.port), "refusing connections")
+        body = first + resp.read()
+        conn.close()
+        assert gw.proc.wait(30) == 0
+        assert not [pid for pid in workers if running(pid)]
+    assert body.count(b"data: {") == len(WORDS) + 1
+
+
 def test_the_workers_end_when_the_supervisor_is_killed_outright(tmp_path, upstream):
     up = upstream(paced_upstream([], gap=0.01))
     with gateway_process(tmp_path, backend_toml("up", up.url) + ROUTE, workers=2) as gw:
