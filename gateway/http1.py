@@ -1,10 +1,9 @@
 """The gateway's HTTP/1.1 server edge: an asyncio protocol on httptools serving the ASGI app.
 
-It is what uvicorn's ``Config(http=…)`` takes (a protocol class built per connection with the
-config, the server's state and the lifespan state), so uvicorn's public ``Server`` and its
-worker supervisor run it (lifespan, signals, the SIGTERM drain, ``--workers``); nothing here
-reaches into uvicorn. One connection is one :class:`Http1Protocol`; each request on it is one
-:class:`Exchange` (the ASGI ``receive``/``send`` of that request)::
+:mod:`gateway.server` runs it (the lifespan, the listening socket, signals, the SIGTERM drain;
+:mod:`gateway.supervisor` the ``--workers``): one :class:`Http1Protocol` per accepted connection,
+built with the :class:`Edge` all connections of the process share. Each request on a connection
+is one :class:`Exchange` (the ASGI ``receive``/``send`` of that request)::
 
     accept ─▶ data_received ─▶ httptools ─▶ on_message_begin (the ``received`` stamp)
                                          ─▶ on_url / on_header (the caps: 414, 431, 400)
@@ -14,7 +13,7 @@ reaches into uvicorn. One connection is one :class:`Http1Protocol`; each request
 What it does, and how:
 
 - **keep-alive** (HTTP/1.1's default, ``Connection: close`` or HTTP/1.0 ends it after the
-  answer); an idle kept-alive connection is closed after uvicorn's ``timeout_keep_alive``.
+  answer); an idle kept-alive connection is closed after ``Edge.keep_alive_s`` (5 s).
 - **pipelining** (RFC 9112 §9.3): requests that arrive before the previous answer is complete
   are queued and served in order, one at a time; reading pauses while any is queued.
 - **the client guards** (docs/spec.md §4 ``[server]``): a head due ``client_header_timeout_s``
@@ -34,12 +33,13 @@ What it does, and how:
   ``pause_writing`` from the transport makes the app's next ``send`` wait for the buffer.
 - **a client that goes away**: the app's ``receive()`` gives ``http.disconnect`` (the request
   path books a 499), and its ``send`` is a no-op from then on.
+- **a ``date`` header** on every answer: :attr:`Edge.date`, one encoded line the server sets
+  again at each second's turn (nothing is formatted per request).
 - chunked and content-length request bodies (httptools decodes them), chunked responses when
   the app sets no content-length, HEAD (the head only).
 
-A WebSocket upgrade (``GET /v1/realtime``) is handed, with the transport, to uvicorn's
-``ws`` protocol class from the config (``gateway/realtime/server_protocol.py``), as uvicorn's
-own HTTP protocols do.
+A WebSocket upgrade (``GET /v1/realtime``, when ``Edge.ws_enabled``) is handed, with the
+transport, to the WebSocket protocol (``gateway/realtime/server_protocol.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ import re
 import time
 import urllib.parse
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, cast
 
 import httptools
@@ -128,16 +130,49 @@ _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 
-#: the server's default headers (uvicorn's ``date``, refreshed each second by a new list) as
-#: one encoded block, made once per list
-_defaults: tuple[object, bytes] = (None, b"")
+
+def date_line(now: float | None = None) -> bytes:
+    """The ``date`` header line of an answer (RFC 9110 §6.6.1) at ``now`` (default: now)."""
+    return b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
 
 
-def _default_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    global _defaults
-    if _defaults[0] is not headers:
-        _defaults = (headers, b"".join(b"%s: %s\r\n" % (n, v) for n, v in headers))
-    return _defaults[1]
+class Edge:
+    """What every connection of one server shares (one per serving process): the app and its
+    lifespan state, the client guards, the keep-alive wait, the WebSocket settings, the
+    connections and request tasks the drain waits for, and the ``date`` line every answer
+    carries (the server sets it again each second: nothing is computed per request)."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        state: dict[str, Any] | None = None,
+        limits: ClientLimits | None = None,
+        keep_alive_s: float = 5.0,
+        freeze_gc: bool = False,
+        ws_enabled: bool = False,
+        ws_max_size: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.app = app
+        #: the lifespan state (ASGI ``scope["state"]``): each request gets a shallow copy
+        self.state: dict[str, Any] = {} if state is None else state
+        self.limits = limits or ClientLimits()
+        #: an idle kept-alive connection is closed after this long
+        self.keep_alive_s = keep_alive_s
+        #: see :func:`freeze_startup_objects` (``gateway serve`` sets it)
+        self.freeze_gc = freeze_gc
+        #: WebSocket upgrades are served (else an upgrade is answered as plain HTTP)
+        self.ws_enabled = ws_enabled
+        #: a WebSocket message over this many bytes closes the session (1009)
+        self.ws_max_size = ws_max_size
+        #: the open connections (each has ``shutdown()``) and the running request tasks
+        self.connections: set[Any] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.total_requests = 0
+        self.date = date_line()
+        # MERGE-SHIM (gateway.server.legacy_ws_protocol): builds uvicorn's WebSocket protocol
+        # for an upgrade until the WebSocket rewrite replaces Http1Protocol._upgrade
+        self.legacy_ws: Callable[[Http1Protocol], asyncio.Protocol] | None = None
 
 
 def _address(transport: asyncio.Transport, key: str) -> tuple[str, int] | None:
@@ -307,7 +342,7 @@ class Exchange:
 
     def _start(self, status: int, headers: Any) -> None:
         conn = self.conn
-        parts = [STATUS_LINES[status], _default_block(conn.server_state.default_headers)]
+        parts = [STATUS_LINES[status], conn.edge.date]
         said_close = False
         length = None
         chunked = False
@@ -512,42 +547,33 @@ class ClientGuards(asyncio.Protocol):
             self.transport.close()
 
     def _idle_expired(self) -> None:
-        """A kept-alive connection idle for uvicorn's ``timeout_keep_alive``: closed."""
+        """A kept-alive connection idle for the edge's ``keep_alive_s``: closed."""
         if not self.transport.is_closing() and self.awaiting is Awaiting.NOTHING:
             self.transport.close()
 
 
 class Http1Protocol(ClientGuards):
-    """One client connection (see the module). Built by uvicorn's server per accepted socket
-    with its ``Config`` (a :class:`gateway.server.GatewayUvicornConfig` brings the client
-    limits), the server's state (its ``connections`` and ``tasks``, which its drain waits for,
-    its ``default_headers``) and the lifespan state."""
+    """One client connection (see the module), built by the server per accepted socket with
+    the :class:`Edge` all its connections share."""
 
-    def __init__(
-        self,
-        config: Any,
-        server_state: Any,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        if not config.loaded:
-            config.load()
-        self.config = config
-        self.app = config.loaded_app
-        self.loop = _loop or asyncio.get_event_loop()
-        self.server_state = server_state
-        self.connections: set[Any] = server_state.connections
-        self.tasks: set[asyncio.Task[None]] = server_state.tasks
-        self.app_state = app_state
-        self.limits: ClientLimits = getattr(config, "client_limits", None) or ClientLimits()
-        self._freeze_gc = bool(getattr(config, "freeze_gc", False))
+    def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.edge = edge
+        self.app = edge.app
+        self.loop = loop or asyncio.get_event_loop()
+        self.connections: set[Any] = edge.connections
+        self.tasks: set[asyncio.Task[None]] = edge.tasks
+        self.app_state = edge.state
+        self.limits: ClientLimits = edge.limits
+        self._freeze_gc = edge.freeze_gc
+        self.ws_enabled = edge.ws_enabled
+        self.ws_max_size = edge.ws_max_size
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: tuple[str, int] | None = None
         self.server: tuple[str, int] | None = None
         self.awaiting = Awaiting.NOTHING
         self._guard = Deadline(self.loop, self.limits.header_timeout_s, self._guard_expired)
-        self._idle = Deadline(self.loop, config.timeout_keep_alive, self._idle_expired)
+        self._idle = Deadline(self.loop, edge.keep_alive_s, self._idle_expired)
         self.read_paused = False
         self.write_paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -666,7 +692,7 @@ class Http1Protocol(ClientGuards):
         if version != "1.1":
             scope["http_version"] = version
         upgrade = parser.should_upgrade()
-        if upgrade and self._upgrade_to == b"websocket" and self.config.ws_protocol_class:
+        if upgrade and self._upgrade_to == b"websocket" and self.ws_enabled:
             return  # data_received hands the connection over (HttpParserUpgrade)
         url = httptools.parse_url(self._url)
         raw_path = url.path
@@ -717,7 +743,7 @@ class Http1Protocol(ClientGuards):
 
     def answered(self, exchange: Exchange) -> None:
         """An answer is complete: the next pipelined request, or the keep-alive wait."""
-        self.server_state.total_requests += 1
+        self.edge.total_requests += 1
         transport = self.transport
         if not exchange.keep_alive:
             self.pipeline.clear()
@@ -739,9 +765,9 @@ class Http1Protocol(ClientGuards):
 
     def _upgrade(self) -> None:
         """``HttpParserUpgrade``: a WebSocket handshake goes, with the transport, to the
-        config's ``ws`` protocol (it parses the handshake again from the head rebuilt here);
-        any other upgrade was served as plain HTTP and the connection closes after it."""
-        ws_protocol = self.config.ws_protocol_class
+        WebSocket protocol (it parses the handshake again from the head rebuilt here); any
+        other upgrade was served as plain HTTP and the connection closes after it."""
+        ws_protocol = self.edge.legacy_ws if self.ws_enabled else None  # MERGE-SHIM
         exchange = self.exchange
         if exchange is not None and exchange.scope is self.scope:
             exchange.keep_alive = False
@@ -757,9 +783,7 @@ class Http1Protocol(ClientGuards):
         for name, value in self._headers:
             head += (name, b": ", value, b"\r\n")
         head.append(b"\r\n")
-        protocol = ws_protocol(
-            config=self.config, server_state=self.server_state, app_state=self.app_state
-        )
+        protocol = ws_protocol(self)  # MERGE-SHIM: gateway.server.legacy_ws_protocol
         protocol.connection_made(self.transport)
         self.transport.set_protocol(protocol)
         protocol.data_received(b"".join(head))

@@ -1,5 +1,5 @@
-"""gateway/http1.py, the HTTP/1.1 server edge, on real sockets under uvicorn's public Server with
-``Config(http=Http1Protocol)``: keep-alive, pipelining served in order, HEAD, request bodies
+"""gateway/http1.py, the HTTP/1.1 server edge, on real sockets under gateway/server.py's
+Server with a bare ASGI app: keep-alive, pipelining served in order, HEAD, request bodies
 (content-length and chunked), ``Expect: 100-continue``, chunked answers, the head's caps, a
 client that goes away."""
 
@@ -13,11 +13,10 @@ from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 
-from gateway.http1 import Http1Protocol
+from gateway.http1 import Edge
+from gateway.server import Server, bind
 from tests.gateway_process import Answer, read_answer
-from tests.support import free_port
 from tests.transports.test_h1_impl import until
 
 #: what the app saw of each request that ended with a disconnect
@@ -63,21 +62,24 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, loop="uvloop", http=Http1Protocol, log_level="warning"
-    )
-    server = uvicorn.Server(config)
+def served() -> Iterator[Server]:
+    sock = bind("127.0.0.1", 0)
+    server = Server(Edge(app), sock, grace_s=2.0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.01)
-    yield port
-    server.should_exit = True
+    yield server
+    server.stop()
     thread.join(10)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def port(served: Server) -> int:
+    return int(served.sock.getsockname()[1])
 
 
 def request(path: str, body: bytes = b"", method: str = "POST", extra: str = "") -> bytes:

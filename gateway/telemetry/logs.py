@@ -5,8 +5,8 @@ Sampled as ``[logging]`` says: ``all``; ``sampled`` = every non-2xx, every reque
 ``slow_ms``, and ``sample_ratio`` of the rest; ``off``. Nothing is formatted for a request that
 is sampled out. Never a key, a prompt or a completion: only what is listed in :func:`line`.
 
-With ``format = "json"`` (the default) every line is one JSON object — warnings, uvicorn's own
-lines and the startup lines too — so a log shipper (Loki, Vector, CloudWatch) parses all of it;
+With ``format = "json"`` (the default) every line is one JSON object — warnings, the server's
+own lines and the startup lines too — so a log shipper (Loki, Vector, CloudWatch) parses all of it;
 ``format = "text"`` is for humans at a terminal.
 """
 
@@ -48,10 +48,11 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def log_config(cfg: LoggingConfig) -> dict[str, Any]:
-    """The ``logging.config.dictConfig`` of a serving process (uvicorn takes it as
-    ``log_config``, so each worker applies it too): the gateway's and uvicorn's loggers and the
-    root one write to stderr in ``cfg.format``. The access log keeps its own stdout handler
-    (:class:`AccessLog`; its lines are JSON objects already)."""
+    """The ``logging.config.dictConfig`` of a serving process (``gateway serve`` and each worker
+    apply it: :func:`gateway.server.configure_logging`): the gateway's loggers, uvicorn's (its
+    WebSocket protocol logs there) and the root one write to stderr in ``cfg.format``. The
+    access log keeps its own stdout handler (:class:`AccessLog`; its lines are JSON objects
+    already)."""
     level = cfg.level.upper()
     formatter: dict[str, Any] = (
         {"()": f"{__name__}.JsonFormatter"} if cfg.format == "json" else {"format": TEXT_FORMAT}
