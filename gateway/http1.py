@@ -127,6 +127,8 @@ STATUS_LINES = {code: _status_line(code) for code in range(100, 600)}
 #: what may not be in a response header's name or value (a line break would split the answer)
 _BAD_NAME = re.compile(b'[\x00-\x20\x7f()<>@,;:\\[\\]={}\\\\"/?]').search
 _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
+#: the answer's headers the server reads for framing (the rest pass as they are)
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 
@@ -347,17 +349,22 @@ class Exchange:
         length = None
         chunked = False
         for name, value in headers:
-            if _BAD_NAME(name) or _BAD_VALUE(value):
-                raise RuntimeError("Invalid HTTP header name or value.")
             low = name.lower()
-            if low == b"content-length":
-                length = int(value)
-            elif low == b"transfer-encoding":
-                chunked = value.lower() == b"chunked"
-            elif low == b"connection" and b"close" in value.lower():
-                said_close = True
-                self.keep_alive = False
+            if low in _FRAMING:
+                if low == b"content-length":
+                    length = int(value)
+                elif low == b"transfer-encoding":
+                    chunked = value.lower() == b"chunked"
+                elif b"close" in value.lower():  # connection
+                    said_close = True
+                    self.keep_alive = False
             parts += (low, b": ", value, b"\r\n")
+        # both checks are per byte: one search over all the names and one over all the values
+        # costs less than two per header
+        if _BAD_NAME(b"".join([n for n, _ in headers])) or _BAD_VALUE(
+            b"".join([v for _, v in headers])
+        ):
+            raise RuntimeError("Invalid HTTP header name or value.")
         if not self.keep_alive and not said_close:
             parts.append(b"connection: close\r\n")
         if length is None and not chunked and not self.head_only and status not in (204, 304):

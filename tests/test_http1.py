@@ -54,6 +54,10 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     headers = [(b"content-type", b"application/json")]
     if path != "/chunked":
         headers.append((b"content-length", str(len(out)).encode()))
+    if path == "/bad-value":  # an app bug: never reaches the wire
+        headers.append((b"x-a", b"v\r\nx-injected: 1"))
+    elif path == "/bad-name":
+        headers.append((b"x a", b"v"))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     if path == "/chunked":
         await send({"type": "http.response.body", "body": out[:5], "more_body": True})
@@ -180,3 +184,15 @@ def test_a_client_that_goes_away_is_a_disconnect_to_the_app(port):
         await until(lambda: "/partial" in DISCONNECTS, "the app saw it")
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["/bad-value", "/bad-name"])
+def test_an_invalid_header_from_the_app_closes_without_a_byte_of_it(port, path):
+    async def scenario() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(path, b"x"))
+        rest = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return rest
+
+    assert asyncio.run(scenario()) == b""
