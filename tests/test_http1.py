@@ -19,6 +19,12 @@ from gateway.server import Server, bind
 from tests.gateway_process import Answer, read_answer
 from tests.transports.test_h1_impl import until
 
+#: an app bug, by path: a header that must never reach the wire
+_BAD_HEADERS = {
+    "/bad-value": [(b"x-a", b"v\r\nx-injected: 1")],
+    "/bad-name": [(b"x a", b"v")],
+}
+
 #: what the app saw of each request that ended with a disconnect
 DISCONNECTS: list[str] = []
 
@@ -54,10 +60,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     headers = [(b"content-type", b"application/json")]
     if path != "/chunked":
         headers.append((b"content-length", str(len(out)).encode()))
-    if path == "/bad-value":  # an app bug: never reaches the wire
-        headers.append((b"x-a", b"v\r\nx-injected: 1"))
-    elif path == "/bad-name":
-        headers.append((b"x a", b"v"))
+    headers += _BAD_HEADERS.get(path, [])
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     if path == "/chunked":
         await send({"type": "http.response.body", "body": out[:5], "more_body": True})
