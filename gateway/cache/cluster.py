@@ -37,9 +37,11 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import (
     AskError,
     ClusterDownError,
+    ClusterError,
     MovedError,
     NoScriptError,
     RedisError,
+    ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -61,6 +63,19 @@ def key_slot(key: str | bytes) -> int:
         if end > start + 1:
             raw = raw[start + 1 : end]
     return binascii.crc_hqx(raw, 0) % SLOTS
+
+
+def _redirect(exc: ResponseError) -> tuple[bool, Address] | None:
+    """(moved, where) of a ``MOVED`` or ``ASK`` error reply; None for any other error.
+    redis-py 8 raises ``MovedError`` / ``AskError`` for them from any client, redis-py 5 only
+    from its Cluster client (a plain ``ResponseError`` "MOVED 3999 host:port" otherwise)."""
+    if isinstance(exc, AskError):
+        return isinstance(exc, MovedError), (exc.host, exc.port)
+    kind, _, rest = str(exc).partition(" ")
+    if kind not in ("MOVED", "ASK"):
+        return None
+    host, _, port = rest.partition(" ")[2].rpartition(":")
+    return kind == "MOVED", (host, int(port))
 
 
 class ClusterScript:
@@ -154,11 +169,19 @@ class ClusterClient:
             address = found
         try:
             return await op(self._node(address))
-        except MovedError as exc:  # the slot moved (a failover, resharding): go there
-            self._stale = True
-            return await op(self._node((exc.host, exc.port)))
-        except AskError as exc:  # the slot is migrating and this key has moved already
-            return await self._asking((exc.host, exc.port), op)
+        except ResponseError as exc:
+            redirect = _redirect(exc)
+            if redirect is None:
+                if not isinstance(exc, ClusterError) and str(exc).startswith("CLUSTERDOWN"):
+                    # redis-py 5's plain ResponseError: the guard counts it as a failure
+                    raise ClusterDownError(str(exc)) from exc
+                raise
+            moved, target = redirect
+            if moved:  # the slot moved (a failover, resharding): go there
+                self._stale = True
+                return await op(self._node(target))
+            # ASK: the slot is migrating and this key has moved already
+            return await self._asking(target, op)
         except (RedisConnectionError, RedisTimeoutError, OSError):
             self._stale = True  # a node failed: its slots may be served elsewhere now
             self._failed = address
