@@ -12,10 +12,10 @@ A request waits for Redis at most ``cache.timeout_ms`` per command, however Redi
   one probe goes out, and a success resumes caching -- no restart needed.
 
 Client-side retries are off (a retry would double the wait), and redis-py's own retry of the
-connect is off too. Each pool (the single Redis's, or each Cluster node's: Cluster goes through
-:class:`gateway.cache.cluster.ClusterClient`, standalone clients per node) is a
-``BlockingConnectionPool`` that waits for a free connection at most the timeout (then fails)
-rather than queueing forever. Only redis-py's public API is used.
+connect is off too. The standalone pool is a ``BlockingConnectionPool`` that waits for a free
+connection at most the timeout (then fails) rather than queueing forever; Redis Cluster goes
+through :class:`gateway.cache.cluster.ClusterClient` (a standalone client per node), whose
+nodes fail at once when their pool is full. Only redis-py's public API is used.
 
 A timed-out or cancelled command leaves a half-read reply on its socket. redis-py disconnects
 the connection on any exception while sending or reading (``redis/asyncio/connection.py``:
@@ -112,7 +112,7 @@ def connect(
         common["password"] = password
     if cluster:
         # gateway/cache/cluster.py: slots routed here, no COMMAND table (why: its module)
-        return ClusterClient(url, max_connections=max_connections, timeout_s=timeout_s, **common)
+        return ClusterClient(url, max_connections=max_connections, **common)
     pool = BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=timeout_s, **common
     )
