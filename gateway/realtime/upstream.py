@@ -161,30 +161,10 @@ class UpstreamSocket(Protocol):
 # ---------------------------------------------------------------- websockets
 
 
-class WebSocketsSocket(asyncio.Protocol):
-    """The upstream connection: an asyncio protocol of our own over ``websockets``' public
-    sans-I/O client (:class:`websockets.client.ClientProtocol`), which does the framing,
-    masking, the handshake's checks, the answers to pings and the closing handshake; this class
-    does the I/O around it, as the docs' "integrate the Sans-I/O layer" describes.
-
-    Per socket read (:meth:`data_received`): the time of the read (:attr:`read_at`), then each
-    whole message (a fragmented one once its last frame is in) is offered to the relay while
-    one is attached (:meth:`attach`) and nothing read before it is still queued; the relay writes
-    it to the client at once or declines (the client's write buffer is full, the client is
-    closing), and then the message is queued for :meth:`recv`. Reading from the socket pauses
-    while :data:`UPSTREAM_QUEUE` messages are queued (the bounded queue that slows the upstream)
-    and resumes once :meth:`recv` has taken all but one. :attr:`queued` counts the messages
-    queued or handed to :meth:`recv` that the relay has not written yet (it calls
-    :meth:`relayed` after each), so a message is never written before one read earlier.
-
-    Writes: :meth:`write` (the direct path) writes one message as one frame now, or declines
-    while the transport's write buffer is over its high-water mark (:meth:`pause_writing`) or
-    the connection is not open; :meth:`send` writes and then waits for the buffer to drain.
-
-    Keepalive: a ping every :data:`PING_INTERVAL_S`; no pong within :data:`PING_TIMEOUT_S`
-    fails the connection with 1011. Any close frame sent or received, the TCP connection is cut
-    after :data:`CLOSE_TIMEOUT_S` unless the upstream closed it first.
-    """
+class _Connection(asyncio.Protocol):
+    """The I/O around ``websockets``' sans-I/O client that is not per message: the transport's
+    callbacks, flow control, the connection's end, the handshake's outcome and keepalive pings
+    (:class:`WebSocketsSocket` adds reading and writing messages)."""
 
     def __init__(self, protocol: ClientProtocol) -> None:
         loop = asyncio.get_running_loop()
@@ -220,38 +200,6 @@ class WebSocketsSocket(asyncio.Protocol):
         transport.set_write_buffer_limits(WRITE_LIMIT)
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
-        self.read_at = time.perf_counter()
-        protocol = self.protocol
-        protocol.receive_data(data)
-        events = protocol.events_received()
-        self._flush()  # pongs, the echo of a close frame
-        if protocol.close_expected():
-            self._expect_close()
-        for event in events:
-            if type(event) is Frame:
-                opcode = event.opcode
-                if opcode is _TEXT or opcode is _BINARY:
-                    if event.fin:
-                        # a parsed frame's payload is bytes (no deflate on this hop)
-                        self._message(event.data, opcode is _TEXT)  # type: ignore[arg-type]
-                    else:
-                        self._fragments = [event.data]  # type: ignore[list-item]
-                        self._fragment_text = opcode is _TEXT
-                elif opcode is _CONT:
-                    self._fragments.append(event.data)  # type: ignore[arg-type]
-                    if event.fin:
-                        whole = b"".join(self._fragments)
-                        self._fragments = []
-                        self._message(whole, self._fragment_text)
-                elif opcode is _PONG and event.data == self._ping:
-                    self._pong()
-                # a ping is answered and a close frame echoed by the protocol itself
-            elif isinstance(event, Response):
-                self._response()
-        if protocol.handshake_exc is not None:  # no HTTP response could be parsed
-            self._response()
-
     def eof_received(self) -> bool | None:
         # a refused handshake's body may end at EOF (no Content-Length)
         protocol = self.protocol
@@ -285,6 +233,141 @@ class WebSocketsSocket(asyncio.Protocol):
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    # ------------------------------------------------------------ the connection's end
+
+    def _flush(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        for chunk in self.protocol.data_to_send():
+            if chunk:
+                transport.write(chunk)
+            elif transport.can_write_eof():  # the protocol's end of stream: half-close
+                with contextlib.suppress(OSError, RuntimeError):
+                    transport.write_eof()
+            else:
+                transport.close()
+
+    def _expect_close(self) -> None:
+        """A close frame went out or came in: the upstream closes the TCP connection, or it is
+        cut after :data:`CLOSE_TIMEOUT_S`."""
+        if self._cut is None and not self.lost.done():
+            self._cut = self._loop.call_later(CLOSE_TIMEOUT_S, self._abort)
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, code: int, reason: str) -> None:
+        self.protocol.fail(code, reason)
+        self._flush()
+        self._expect_close()
+
+    async def _ended(self) -> None:
+        """Wait for the TCP connection to end (cut after :data:`CLOSE_TIMEOUT_S` at most)."""
+        if not self.lost.done():
+            self._expect_close()
+            await asyncio.shield(self.lost)
+
+    def _closed(self) -> Closed:
+        return _closed(self.protocol.close_exc)
+
+    def _wake(self) -> None:
+        for waiter in (self._recv_waiter, self._drain_waiter):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    # ------------------------------------------------------------ handshake and keepalive
+
+    def _response(self) -> None:
+        if self.opened.done():
+            return
+        failure = self.protocol.handshake_exc
+        if failure is not None:
+            self.opened.set_exception(failure)
+            self.opened.exception()  # retrieved: whoever awaits it raises it
+            return
+        self.subprotocol = self.protocol.subprotocol
+        self.opened.set_result(None)
+        self._keepalive = self._loop.call_later(PING_INTERVAL_S, self._send_ping)
+
+    def _send_ping(self) -> None:
+        protocol = self.protocol
+        if protocol.state is not OPEN:
+            return
+        self._ping = os.urandom(4)
+        protocol.send_ping(self._ping)
+        self._flush()
+        self._keepalive = self._loop.call_later(PING_TIMEOUT_S, self._ping_timeout)
+
+    def _pong(self) -> None:
+        self._ping = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self._keepalive = self._loop.call_later(PING_INTERVAL_S, self._send_ping)
+
+    def _ping_timeout(self) -> None:
+        if self.protocol.state is OPEN:
+            self._fail(1011, "keepalive ping timeout")
+
+
+class WebSocketsSocket(_Connection):
+    """The upstream connection: an asyncio protocol of our own over ``websockets``' public
+    sans-I/O client (:class:`websockets.client.ClientProtocol`), which does the framing,
+    masking, the handshake's checks, the answers to pings and the closing handshake; this class
+    does the I/O around it, as the docs' "integrate the Sans-I/O layer" describes.
+
+    Per socket read (:meth:`data_received`): the time of the read (:attr:`read_at`), then each
+    whole message (a fragmented one once its last frame is in) is offered to the relay while
+    one is attached (:meth:`attach`) and nothing read before it is still queued; the relay writes
+    it to the client at once or declines (the client's write buffer is full, the client is
+    closing), and then the message is queued for :meth:`recv`. Reading from the socket pauses
+    while :data:`UPSTREAM_QUEUE` messages are queued (the bounded queue that slows the upstream)
+    and resumes once :meth:`recv` has taken all but one. :attr:`queued` counts the messages
+    queued or handed to :meth:`recv` that the relay has not written yet (it calls
+    :meth:`relayed` after each), so a message is never written before one read earlier.
+
+    Writes: :meth:`write` (the direct path) writes one message as one frame now, or declines
+    while the transport's write buffer is over its high-water mark (:meth:`pause_writing`) or
+    the connection is not open; :meth:`send` writes and then waits for the buffer to drain.
+
+    Keepalive: a ping every :data:`PING_INTERVAL_S`; no pong within :data:`PING_TIMEOUT_S`
+    fails the connection with 1011. Any close frame sent or received, the TCP connection is cut
+    after :data:`CLOSE_TIMEOUT_S` unless the upstream closed it first.
+    """
+
+    def data_received(self, data: bytes) -> None:
+        self.read_at = time.perf_counter()
+        protocol = self.protocol
+        protocol.receive_data(data)
+        events = protocol.events_received()
+        self._flush()  # pongs, the echo of a close frame
+        if protocol.close_expected():
+            self._expect_close()
+        for event in events:
+            if type(event) is Frame:
+                opcode = event.opcode
+                if opcode is _TEXT or opcode is _BINARY:
+                    if event.fin:
+                        # a parsed frame's payload is bytes (no deflate on this hop)
+                        self._message(event.data, opcode is _TEXT)  # type: ignore[arg-type]
+                    else:
+                        self._fragments = [event.data]  # type: ignore[list-item]
+                        self._fragment_text = opcode is _TEXT
+                elif opcode is _CONT:
+                    self._fragments.append(event.data)  # type: ignore[arg-type]
+                    if event.fin:
+                        whole = b"".join(self._fragments)
+                        self._fragments = []
+                        self._message(whole, self._fragment_text)
+                elif opcode is _PONG and event.data == self._ping:
+                    self._pong()
+                # a ping is answered and a close frame echoed by the protocol itself
+            elif isinstance(event, Response):
+                self._response()
+        if protocol.handshake_exc is not None:  # no HTTP response could be parsed
+            self._response()
 
     # ------------------------------------------------------------ reading
 
@@ -386,83 +469,6 @@ class WebSocketsSocket(asyncio.Protocol):
             self._flush()
             self._expect_close()
         await self._ended()
-
-    # ------------------------------------------------------------ the connection's end
-
-    def _flush(self) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        for chunk in self.protocol.data_to_send():
-            if chunk:
-                transport.write(chunk)
-            elif transport.can_write_eof():  # the protocol's end of stream: half-close
-                with contextlib.suppress(OSError, RuntimeError):
-                    transport.write_eof()
-            else:
-                transport.close()
-
-    def _expect_close(self) -> None:
-        """A close frame went out or came in: the upstream closes the TCP connection, or it is
-        cut after :data:`CLOSE_TIMEOUT_S`."""
-        if self._cut is None and not self.lost.done():
-            self._cut = self._loop.call_later(CLOSE_TIMEOUT_S, self._abort)
-
-    def _abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _fail(self, code: int, reason: str) -> None:
-        self.protocol.fail(code, reason)
-        self._flush()
-        self._expect_close()
-
-    async def _ended(self) -> None:
-        """Wait for the TCP connection to end (cut after :data:`CLOSE_TIMEOUT_S` at most)."""
-        if not self.lost.done():
-            self._expect_close()
-            await asyncio.shield(self.lost)
-
-    def _closed(self) -> Closed:
-        return _closed(self.protocol.close_exc)
-
-    def _wake(self) -> None:
-        for waiter in (self._recv_waiter, self._drain_waiter):
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-
-    # ------------------------------------------------------------ handshake and keepalive
-
-    def _response(self) -> None:
-        if self.opened.done():
-            return
-        failure = self.protocol.handshake_exc
-        if failure is not None:
-            self.opened.set_exception(failure)
-            self.opened.exception()  # retrieved: whoever awaits it raises it
-            return
-        self.subprotocol = self.protocol.subprotocol
-        self.opened.set_result(None)
-        self._keepalive = self._loop.call_later(PING_INTERVAL_S, self._send_ping)
-
-    def _send_ping(self) -> None:
-        protocol = self.protocol
-        if protocol.state is not OPEN:
-            return
-        self._ping = os.urandom(4)
-        protocol.send_ping(self._ping)
-        self._flush()
-        self._keepalive = self._loop.call_later(PING_TIMEOUT_S, self._ping_timeout)
-
-    def _pong(self) -> None:
-        self._ping = None
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-        self._keepalive = self._loop.call_later(PING_INTERVAL_S, self._send_ping)
-
-    def _ping_timeout(self) -> None:
-        if self.protocol.state is OPEN:
-            self._fail(1011, "keepalive ping timeout")
 
 
 def _closed(exc: ConnectionClosed) -> Closed:
