@@ -182,7 +182,17 @@ def _stateful_template(path: str) -> str | None:
 class _Tree:
     """What every span of one request shares: trace id framing, root id, clock base."""
 
-    __slots__ = ("ctx", "done", "head", "received", "root_id", "tail", "under_root", "wall")
+    __slots__ = (
+        "ctx",
+        "done",
+        "head",
+        "received",
+        "root_id",
+        "tail",
+        "under_root",
+        "usage",
+        "wall",
+    )
 
     def __init__(self, ctx: RequestContext, trace: TraceContext) -> None:
         t = ctx.timeline
@@ -194,6 +204,15 @@ class _Tree:
         self.root_id = trace.root_span_id.to_bytes(8, "big")
         self.under_root = b"\x22\x08" + self.root_id
         self.tail = _TAIL
+        #: gen_ai.usage.input_tokens / output_tokens: the same on the answering CLIENT span
+        #: and the root, encoded once
+        usage = ctx.answer.tokens
+        tokens = b""
+        if usage.input is not None:
+            tokens = _i("gen_ai.usage.input_tokens", usage.input)
+        if usage.output is not None:
+            tokens += _i("gen_ai.usage.output_tokens", usage.output)
+        self.usage = tokens
 
     def ns(self, t: float) -> int:
         return self.wall + int((t - self.received) * 1e9)
@@ -381,7 +400,7 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
         message = attempt.error.message
         attrs.append(_s("error.type", attempt.error.code or attempt.error.type))
     if last:
-        attrs.extend(_answer_attrs(ctx, attempt))
+        attrs.extend(_answer_attrs(ctx, attempt, tree.usage))
         error = ctx.answer.error
         if error is not None and ctx.timeline.client_first_byte is not None:
             status = otlp.STATUS_ERROR  # the stream broke after the answer started
@@ -461,7 +480,7 @@ def _request_attrs(payload: dict[str, Any], attrs: list[bytes]) -> None:
         attrs.append(_f("gen_ai.request.temperature", float(v)))
 
 
-def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
+def _answer_attrs(ctx: RequestContext, attempt: Attempt, usage: bytes) -> list[bytes]:
     """What the answering attempt got back: model, id, finish reasons, first chunk, usage."""
     answer = ctx.answer
     attrs = []
@@ -474,10 +493,8 @@ def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
     first = ctx.timeline.first_content
     if first is not None:
         attrs.append(_f("gen_ai.response.time_to_first_chunk", round(first - attempt.start, 6)))
-    if answer.input_tokens is not None:
-        attrs.append(_i("gen_ai.usage.input_tokens", answer.input_tokens))
-    if answer.output_tokens is not None:
-        attrs.append(_i("gen_ai.usage.output_tokens", answer.output_tokens))
+    if usage:
+        attrs.append(usage)
     if answer.captured is not None:
         attrs.extend(_content_attrs(ctx))
     return attrs
@@ -592,10 +609,8 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
     first = ctx.timeline.first_content
     if first is not None:  # ctx.ttft()
         attrs.append(_f("gateway.ttft_ms", _ms(first - tree.received)))
-    if answer.input_tokens is not None:
-        attrs.append(_i("gen_ai.usage.input_tokens", answer.input_tokens))
-    if answer.output_tokens is not None:
-        attrs.append(_i("gen_ai.usage.output_tokens", answer.output_tokens))
+    if tree.usage:
+        attrs.append(tree.usage)
     usd = cost(ctx)  # docs/spec.md §20: from the same usage record
     if usd is not None:
         attrs.append(_f("gateway.cost_usd", usd))
