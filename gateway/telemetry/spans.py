@@ -32,6 +32,7 @@ _FLAGS = otlp.FLAG_HAS_IS_REMOTE | 0x01
 #: the status + flags of every span without an error: encoded once
 _TAIL = otlp.tail(otlp.STATUS_UNSET, _FLAGS)
 _getrandbits = random.getrandbits
+_ZERO_ID = bytes(8)
 _times = otlp.pack_times
 _double = otlp.pack_double
 #: the framing of the root's float attributes: only their 8 value bytes are per request
@@ -192,6 +193,7 @@ class _Tree:
         "ctx",
         "done",
         "head",
+        "ids",
         "received",
         "root_id",
         "tail",
@@ -210,6 +212,11 @@ class _Tree:
         self.root_id = trace.root_span_id.to_bytes(8, "big")
         self.under_root = b"\x22\x08" + self.root_id
         self.tail = _TAIL
+        #: the span ids of intake, auth, router, cache lookup, cache store: one random draw
+        ids = _getrandbits(320).to_bytes(40, "big")
+        while _ZERO_ID in ids:  # no id may be all zero (W3C); a false alarm only draws again
+            ids = _getrandbits(320).to_bytes(40, "big")
+        self.ids = ids
         #: gen_ai.usage.input_tokens / output_tokens: the same on the answering CLIENT span
         #: and the root, encoded once
         usage = ctx.answer.tokens
@@ -246,7 +253,8 @@ def build_spans(
     key: tuple[Any, ...] = ("intake", hop_base + 1, "gateway")
     group = _GROUPS.get(key) or _group(key, _HOP_NAMES)
     times = _times(0x39, wall, 0x41, max(wall, intake_ns))
-    spans.append(b"".join((head, _sid(), under_root, _INTAKE, times, group, _TAIL)))
+    ids = tree.ids
+    spans.append(b"".join((head, ids[:8], under_root, _INTAKE, times, group, _TAIL)))
     # hop auth
     auth_done = t.auth_done
     auth_ns = wall + int(((auth_done if auth_done is not None else tree.done) - received) * 1e9)
@@ -255,7 +263,7 @@ def build_spans(
     if ctx.tenant is not None:
         group += _s("gateway.tenant", ctx.tenant)
     times = _times(0x39, intake_ns, 0x41, max(intake_ns, auth_ns))
-    spans.append(b"".join((head, _sid(), under_root, _AUTH, times, group, _TAIL)))
+    spans.append(b"".join((head, ids[8:16], under_root, _AUTH, times, group, _TAIL)))
     if auth_done is not None:
         _router_spans(tree, hop_base + 3, cache_backend, spans, auth_ns)
     outcome = ctx.cache
@@ -292,7 +300,7 @@ def _router_spans(
     ctx = tree.ctx
     t = ctx.timeline
     call = ctx.call
-    router_id = _sid()
+    router_id = tree.ids[16:24]
     end = t.routed
     if end is None:
         end = ctx.attempts[0].start if ctx.attempts else tree.done
@@ -358,7 +366,7 @@ def _cache_span(
     return b"".join(
         (
             tree.head,
-            _sid(),
+            tree.ids[32:] if store else tree.ids[24:32],
             parent,
             _CACHE_STORE if store else _CACHE_LOOKUP,
             _times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
@@ -377,6 +385,7 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     b = attempt.backend
     model = ctx.model or ""
     operation = call.operation if call is not None else None
+    max_tokens, temperature = _request_values(call.payload) if call is not None else _NO_VALUES
     key = (
         operation or "http",
         b.provider,
@@ -387,16 +396,12 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
         b.name,
         attempt.number,
         attempt.status,
+        max_tokens,
+        temperature,
     )
-    attrs = [_GROUPS.get(key) or _group(key, _CLIENT_NAMES)]
-    if call is not None:
-        _request_attrs(call.payload, attrs)
-    if attempt.affinity is not None:  # docs/spec.md §21: a route with affinity
-        attrs.append(_s("gateway.affinity", attempt.affinity))
-    if attempt.load is not None:  # the backend's load as last scraped when it was chosen
-        attrs.append(_f("gateway.backend.queue_depth", attempt.load[0]))
-        if attempt.load[1] is not None:
-            attrs.append(_f("gateway.backend.kv_cache_usage", attempt.load[1]))
+    attrs = [_GROUPS.get(key) or _client_group(key)]
+    if attempt.affinity is not None or attempt.load is not None:
+        _fleet_attrs(attempt, attrs)
     status = otlp.STATUS_UNSET
     message = ""
     if attempt.status is not None and attempt.status >= 500:
@@ -475,15 +480,38 @@ def _mcp_span(tree: _Tree, attempt: Attempt, mcp: dict[str, Any]) -> bytes:
     )
 
 
-def _request_attrs(payload: dict[str, Any], attrs: list[bytes]) -> None:
+_NO_VALUES: tuple[int | None, float | None] = (None, None)
+
+
+def _fleet_attrs(attempt: Attempt, attrs: list[bytes]) -> None:
+    if attempt.affinity is not None:  # docs/spec.md §21: a route with affinity
+        attrs.append(_s("gateway.affinity", attempt.affinity))
+    if attempt.load is not None:  # the backend's load as last scraped when it was chosen
+        attrs.append(_f("gateway.backend.queue_depth", attempt.load[0]))
+        if attempt.load[1] is not None:
+            attrs.append(_f("gateway.backend.kv_cache_usage", attempt.load[1]))
+
+
+def _request_values(payload: dict[str, Any]) -> tuple[int | None, float | None]:
+    """``gen_ai.request.max_tokens`` and ``.temperature`` as the request gave them (or None)."""
     v = payload.get("max_tokens")
     if v is None:
         v = payload.get("max_completion_tokens", payload.get("max_output_tokens"))
-    if type(v) is int:
-        attrs.append(_s("gen_ai.request.max_tokens", v))
+    max_tokens = v if type(v) is int else None
     v = payload.get("temperature")
-    if type(v) is int or type(v) is float:
-        attrs.append(_f("gen_ai.request.temperature", float(v)))
+    return max_tokens, float(v) if type(v) is int or type(v) is float else None
+
+
+def _client_group(key: tuple[Any, ...]) -> bytes:
+    """The CLIENT span's stable attributes: the nine of :data:`_CLIENT_NAMES`, then the
+    request's max_tokens and temperature (low-cardinality too), as one memoised block."""
+    encoded = b"".join(_s(n, v) for n, v in zip(_CLIENT_NAMES, key, strict=False) if v is not None)
+    max_tokens, temperature = key[-2:]
+    if max_tokens is not None:
+        encoded += _s("gen_ai.request.max_tokens", max_tokens)
+    if temperature is not None:
+        encoded += _f("gen_ai.request.temperature", temperature)
+    return remember(_GROUPS, key, encoded, 4096)
 
 
 def _answer_attrs(ctx: RequestContext, attempt: Attempt, usage: bytes) -> list[bytes]:
