@@ -332,6 +332,64 @@ def test_an_idle_connection_within_idle_timeout_is_reused(scripted):
     assert up.connections == 1
 
 
+def test_a_connection_the_upstream_closed_unannounced_is_not_reused_before_the_loop_saw_it(
+    scripted,
+):
+    """An upstream that closes right after a complete answer without ``Connection: close``:
+    its FIN is in the socket before the loop has read it (the thread blocks, as a busy loop
+    would), and the next request at once must not be written into that connection."""
+
+    async def answer_and_close(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(http_response(200, b"{}"))
+        await writer.drain()
+        return False
+
+    up = scripted(answer_and_close)
+    t = transport(up.url)
+
+    async def main() -> None:
+        for _ in range(3):
+            assert await body_of(await t.request("GET", up.url + "/models", [], None)) == b"{}"
+            deadline = time.monotonic() + 5
+            while up.closed_connections < up.connections and time.monotonic() < deadline:
+                time.sleep(0.01)  # noqa: ASYNC251 - the FIN arrives; the loop must not turn
+        await t.aclose()
+
+    run(main)
+    assert up.connections == 3 and len(up.requests) == 3
+
+
+def test_the_reuse_check_costs_a_syscall_only_within_the_turn_the_connection_went_idle(
+    scripted, monkeypatch
+):
+    from gateway.transports import h1_impl
+
+    checks: list[int] = []
+    real = h1_impl._Connection.peer_closed
+
+    def counted(self: Any) -> bool:
+        checks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(h1_impl._Connection, "peer_closed", counted)
+    up = scripted(answering(b"{}"))
+    t = transport(up.url)
+
+    async def main() -> None:
+        assert await body_of(await t.request("GET", up.url + "/m", [], None)) == b"{}"
+        # reused at once, in the turn it went idle: the loop has not polled it, poll(2) asks
+        assert await body_of(await t.request("GET", up.url + "/m", [], None)) == b"{}"
+        assert len(checks) == 1
+        await asyncio.sleep(0)  # a turn of the loop (its I/O poll) between release and reuse
+        await asyncio.sleep(0)
+        assert await body_of(await t.request("GET", up.url + "/m", [], None)) == b"{}"
+        assert len(checks) == 1
+        await t.aclose()
+
+    run(main)
+    assert up.connections == 1
+
+
 def test_aclose_closes_connections_still_in_use(scripted):
     async def endless(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
         writer.write(sse_head() + chunk(b"data: {}\n\n"))
