@@ -29,6 +29,8 @@ HOP_BY_HOP = frozenset(
 )
 #: response headers never copied from the upstream (the gateway sets its own)
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+#: the usual Connection values: they name only hop-by-hop headers (dropped already)
+_PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 #: answers the gateway encodes itself vary by Accept-Encoding (docs/spec.md §9)
 VARY = (b"vary", b"Accept-Encoding")
 
@@ -47,7 +49,8 @@ def copy_headers(upstream: RawHeaders, drop: frozenset[bytes] = DROP_RESPONSE) -
     connection_named: set[bytes] = set()
     for k, v in upstream:
         if k == b"connection":
-            connection_named.update(t.strip().lower() for t in v.split(b","))
+            if v not in _PLAIN_CONNECTION:  # those name nothing that is not dropped anyway
+                connection_named.update(t.strip().lower() for t in v.split(b","))
         elif k not in drop:
             if k == b"vary" and v.strip().lower() == b"accept-encoding":
                 continue  # the gateway sends its own

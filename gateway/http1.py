@@ -1,10 +1,9 @@
 """The gateway's HTTP/1.1 server edge: an asyncio protocol on httptools serving the ASGI app.
 
-It is what uvicorn's ``Config(http=…)`` takes (a protocol class built per connection with the
-config, the server's state and the lifespan state), so uvicorn's public ``Server`` and its
-worker supervisor run it (lifespan, signals, the SIGTERM drain, ``--workers``); nothing here
-reaches into uvicorn. One connection is one :class:`Http1Protocol`; each request on it is one
-:class:`Exchange` (the ASGI ``receive``/``send`` of that request)::
+:mod:`gateway.server` runs it (the lifespan, the listening socket, signals, the SIGTERM drain;
+:mod:`gateway.supervisor` the ``--workers``): one :class:`Http1Protocol` per accepted connection,
+built with the :class:`Edge` all connections of the process share. Each request on a connection
+is one :class:`Exchange` (the ASGI ``receive``/``send`` of that request)::
 
     accept ─▶ data_received ─▶ httptools ─▶ on_message_begin (the ``received`` stamp)
                                          ─▶ on_url / on_header (the caps: 414, 431, 400)
@@ -14,7 +13,7 @@ reaches into uvicorn. One connection is one :class:`Http1Protocol`; each request
 What it does, and how:
 
 - **keep-alive** (HTTP/1.1's default, ``Connection: close`` or HTTP/1.0 ends it after the
-  answer); an idle kept-alive connection is closed after uvicorn's ``timeout_keep_alive``.
+  answer); an idle kept-alive connection is closed after ``Edge.keep_alive_s`` (5 s).
 - **pipelining** (RFC 9112 §9.3): requests that arrive before the previous answer is complete
   are queued and served in order, one at a time; reading pauses while any is queued.
 - **the client guards** (docs/spec.md §4 ``[server]``): a head due ``client_header_timeout_s``
@@ -34,6 +33,8 @@ What it does, and how:
   ``pause_writing`` from the transport makes the app's next ``send`` wait for the buffer.
 - **a client that goes away**: the app's ``receive()`` gives ``http.disconnect`` (the request
   path books a 499), and its ``send`` is a no-op from then on.
+- **a ``date`` header** on every answer: :attr:`Edge.date`, one encoded line the server sets
+  again at each second's turn (nothing is formatted per request).
 - chunked and content-length request bodies (httptools decodes them), chunked responses when
   the app sets no content-length, HEAD (the head only).
 
@@ -53,6 +54,7 @@ import time
 import urllib.parse
 from collections import deque
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, cast
 
 import httptools
@@ -126,19 +128,51 @@ STATUS_LINES = {code: _status_line(code) for code in range(100, 600)}
 #: what may not be in a response header's name or value (a line break would split the answer)
 _BAD_NAME = re.compile(b'[\x00-\x20\x7f()<>@,;:\\[\\]={}\\\\"/?]').search
 _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
+#: the answer's headers the server reads for framing (the rest pass as they are)
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 
-#: the server's default headers (uvicorn's ``date``, refreshed each second by a new list) as
-#: one encoded block, made once per list
-_defaults: tuple[object, bytes] = (None, b"")
+
+def date_line(now: float | None = None) -> bytes:
+    """The ``date`` header line of an answer (RFC 9110 §6.6.1) at ``now`` (default: now)."""
+    return b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
 
 
-def _default_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    global _defaults
-    if _defaults[0] is not headers:
-        _defaults = (headers, b"".join(b"%s: %s\r\n" % (n, v) for n, v in headers))
-    return _defaults[1]
+class Edge:
+    """What every connection of one server shares (one per serving process): the app and its
+    lifespan state, the client guards, the keep-alive wait, the WebSocket settings, the
+    connections and request tasks the drain waits for, and the ``date`` line every answer
+    carries (the server sets it again each second: nothing is computed per request)."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        state: dict[str, Any] | None = None,
+        limits: ClientLimits | None = None,
+        keep_alive_s: float = 5.0,
+        freeze_gc: bool = False,
+        ws_enabled: bool = False,
+        ws_max_size: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.app = app
+        #: the lifespan state (ASGI ``scope["state"]``): each request gets a shallow copy
+        self.state: dict[str, Any] = {} if state is None else state
+        self.limits = limits or ClientLimits()
+        #: an idle kept-alive connection is closed after this long
+        self.keep_alive_s = keep_alive_s
+        #: see :func:`freeze_startup_objects` (``gateway serve`` sets it)
+        self.freeze_gc = freeze_gc
+        #: WebSocket upgrades are served (else an upgrade is answered as plain HTTP)
+        self.ws_enabled = ws_enabled
+        #: a WebSocket message over this many bytes closes the session (1009)
+        self.ws_max_size = ws_max_size
+        #: the open connections (each has ``shutdown()``) and the running request tasks
+        self.connections: set[Any] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.total_requests = 0
+        self.date = date_line()
 
 
 def _address(transport: asyncio.Transport, key: str) -> tuple[str, int] | None:
@@ -308,22 +342,27 @@ class Exchange:
 
     def _start(self, status: int, headers: Any) -> None:
         conn = self.conn
-        parts = [STATUS_LINES[status], _default_block(conn.server_state.default_headers)]
+        parts = [STATUS_LINES[status], conn.edge.date]
         said_close = False
         length = None
         chunked = False
         for name, value in headers:
-            if _BAD_NAME(name) or _BAD_VALUE(value):
-                raise RuntimeError("Invalid HTTP header name or value.")
             low = name.lower()
-            if low == b"content-length":
-                length = int(value)
-            elif low == b"transfer-encoding":
-                chunked = value.lower() == b"chunked"
-            elif low == b"connection" and b"close" in value.lower():
-                said_close = True
-                self.keep_alive = False
+            if low in _FRAMING:
+                if low == b"content-length":
+                    length = int(value)
+                elif low == b"transfer-encoding":
+                    chunked = value.lower() == b"chunked"
+                elif b"close" in value.lower():  # connection
+                    said_close = True
+                    self.keep_alive = False
             parts += (low, b": ", value, b"\r\n")
+        # both checks are per byte: one search over all the names and one over all the values
+        # costs less than two per header
+        if _BAD_NAME(b"".join([n for n, _ in headers])) or _BAD_VALUE(
+            b"".join([v for _, v in headers])
+        ):
+            raise RuntimeError("Invalid HTTP header name or value.")
         if not self.keep_alive and not said_close:
             parts.append(b"connection: close\r\n")
         if length is None and not chunked and not self.head_only and status not in (204, 304):
@@ -513,44 +552,33 @@ class ClientGuards(asyncio.Protocol):
             self.transport.close()
 
     def _idle_expired(self) -> None:
-        """A kept-alive connection idle for uvicorn's ``timeout_keep_alive``: closed."""
+        """A kept-alive connection idle for the edge's ``keep_alive_s``: closed."""
         if not self.transport.is_closing() and self.awaiting is Awaiting.NOTHING:
             self.transport.close()
 
 
 class Http1Protocol(ClientGuards):
-    """One client connection (see the module). Built by uvicorn's server per accepted socket
-    with its ``Config`` (a :class:`gateway.server.GatewayUvicornConfig` brings the client
-    limits), the server's state (its ``connections`` and ``tasks``, which its drain waits for,
-    its ``default_headers``) and the lifespan state."""
+    """One client connection (see the module), built by the server per accepted socket with
+    the :class:`Edge` all its connections share."""
 
-    def __init__(
-        self,
-        config: Any,
-        server_state: Any,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        if not config.loaded:
-            config.load()
-        self.config = config
-        self.app = config.loaded_app
-        self.loop = _loop or asyncio.get_event_loop()
-        self.server_state = server_state
-        self.connections: set[Any] = server_state.connections
-        self.tasks: set[asyncio.Task[None]] = server_state.tasks
-        self.app_state = app_state
-        self.limits: ClientLimits = getattr(config, "client_limits", None) or ClientLimits()
-        self._freeze_gc = bool(getattr(config, "freeze_gc", False))
-        self.ws_enabled = config.ws_protocol_class is not None
-        self.ws_max_size: int = config.ws_max_size
+    def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.edge = edge
+        self.app = edge.app
+        self.loop = loop or asyncio.get_event_loop()
+        self.connections: set[Any] = edge.connections
+        self.tasks: set[asyncio.Task[None]] = edge.tasks
+        self.app_state = edge.state
+        self.limits: ClientLimits = edge.limits
+        self._freeze_gc = edge.freeze_gc
+        self.ws_enabled = edge.ws_enabled
+        self.ws_max_size = edge.ws_max_size
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: tuple[str, int] | None = None
         self.server: tuple[str, int] | None = None
         self.awaiting = Awaiting.NOTHING
         self._guard = Deadline(self.loop, self.limits.header_timeout_s, self._guard_expired)
-        self._idle = Deadline(self.loop, config.timeout_keep_alive, self._idle_expired)
+        self._idle = Deadline(self.loop, edge.keep_alive_s, self._idle_expired)
         self.read_paused = False
         self.write_paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -720,7 +748,7 @@ class Http1Protocol(ClientGuards):
 
     def answered(self, exchange: Exchange) -> None:
         """An answer is complete: the next pipelined request, or the keep-alive wait."""
-        self.server_state.total_requests += 1
+        self.edge.total_requests += 1
         transport = self.transport
         if not exchange.keep_alive:
             self.pipeline.clear()

@@ -1,11 +1,19 @@
-"""The gateway under uvicorn's server: slow clients, connection limit, drain.
+"""The gateway's own server: the lifespan, the listening socket, signals, the SIGTERM drain.
 
-uvicorn runs the process — lifespan, signals, the drain, ``--workers`` — through its public
-``Config``/``Server``; each client connection is the gateway's own HTTP/1.1 protocol,
-:class:`gateway.http1.Http1Protocol` (``Config(http=…)``), which holds the client guards.
+No third-party server runs the process. :func:`serve` binds the socket, then (``workers = 1``)
+runs :class:`Server` in this process, or (``workers > 1``) hands the socket to
+:class:`gateway.supervisor.Supervisor`, whose worker processes (:mod:`gateway.worker`) each run
+a :class:`Server` on it. A :class:`Server` is one uvloop event loop:
 
-What the gateway needs in front of the internet (docs/spec.md
-§4 ``[server]``, §13):
+    bind ─▶ lifespan startup ─▶ create_server(sock) ─▶ … serving … ─▶ SIGTERM
+         ─▶ stop accepting ─▶ each connection's shutdown() ─▶ wait (≤ shutdown_grace_s)
+         ─▶ cancel what is left ─▶ lifespan shutdown ─▶ exit 0
+
+Each client connection is :class:`gateway.http1.Http1Protocol`, built with the
+:class:`~gateway.http1.Edge` all connections of the process share. Nothing runs per request
+here: the one timer of the server sets the ``date`` line again each second.
+
+What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, §13):
 
 - ``client_header_timeout_s`` (nginx ``client_header_timeout``, Envoy
   ``request_headers_timeout``): a connection that has not sent a whole request head that long
@@ -18,44 +26,41 @@ What the gateway needs in front of the internet (docs/spec.md
   yet) never counts against the client. The request path sees the client go away (499).
 - ``max_client_connections``: a connection beyond it gets a 503 (``Retry-After: 1``) and is
   closed at once, while the connections already open keep being served.
+- the socket is bound first and listens only once the app is up: until then a connection is
+  refused, not queued behind a startup that may fail (which exits :data:`STARTUP_FAILURE`).
 - SIGTERM is a graceful drain, not an error: stop accepting, let in-flight requests and
   streams finish within ``shutdown_grace_s`` (then cancel what is left), run the lifespan
-  shutdown (pools closed, spans flushed), exit 0. Stock uvicorn re-raises SIGTERM after the
-  drain, so the process ends -15 and a Kubernetes rollout logs every pod stop as a failure.
-  With ``workers > 1`` uvicorn's supervisor forwards SIGTERM to each worker (each drains the
-  same way) and exits 0 once they are done; it first closes its own copy of the listening
-  socket, so the port stops accepting as soon as the workers close theirs.
-
-What still leans on uvicorn beyond its public API (hence the pin in pyproject.toml):
-:class:`GatewayServer` reads the signals it captured, :class:`Supervisor` hooks the
-supervisor's signal handlers. (The realtime WebSocket protocol,
-``gateway/realtime/server_protocol.py``, is the gateway's own on ``websockets``' sans-I/O API:
-``ws=`` below only switches upgrades on, for :class:`Http1Protocol` to hand them over.)
+  shutdown (pools closed, spans flushed), exit 0 — a Kubernetes rollout logs a pod stop as a
+  success. SIGINT drains the same way and then ends the process by SIGINT (the shell's
+  convention for Ctrl+C); a second SIGINT during the drain cancels what is left at once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
+import asyncio
 import logging
 import os
 import signal
 import socket
-import tempfile
+import sys
 import threading
-from collections.abc import Iterator
-from typing import Any, cast
-
-import uvicorn
-from uvicorn.supervisors.multiprocess import Multiprocess
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any
 
 from gateway.config import Config, is_loopback
-from gateway.http1 import Awaiting, ClientLimits, Http1Protocol
-from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
+from gateway.http1 import Awaiting, ClientLimits, Edge, Http1Protocol, date_line
+from gateway.supervisor import STARTUP_FAILURE, Supervisor
 from gateway.types import ASGIApp
 
-#: a worker that could not start (uvicorn's convention)
-STARTUP_FAILURE = 3
+#: an idle kept-alive client connection is closed after this long (uvicorn's default, kept)
+KEEP_ALIVE_S = 5.0
+#: the listen backlog (the kernel caps it at net.core.somaxconn)
+BACKLOG = 4096
+
+#: the gateway's own lines (``serving on``, a port in use, the startup warnings, the lifespan
+#: and the drain), written in ``[logging] format`` to stderr (:func:`serve` applies the config)
+log = logging.getLogger("gateway")
 
 
 def client_limits(config: Config) -> ClientLimits:
@@ -66,87 +71,221 @@ def client_limits(config: Config) -> ClientLimits:
     )
 
 
-class GatewayUvicornConfig(uvicorn.Config):
-    """uvicorn's config plus the client limits (pickled to each worker with it)."""
-
-    def __init__(self, app: ASGIApp | str, limits: ClientLimits, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self.client_limits = limits
-        #: ``gateway serve`` sets it: see :func:`gateway.http1.freeze_startup_objects`
-        self.freeze_gc = False
-
-
-class GatewayServer(uvicorn.Server):
-    """uvicorn's server whose SIGTERM is a drain that ends in exit status 0.
-
-    uvicorn restores the previous handlers after the drain and raises every captured signal
-    again; here SIGTERM is not raised again (it was handled: the drain is the handling), while
-    SIGINT still is (Ctrl+C keeps the shell's convention).
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        handled = (signal.SIGINT, signal.SIGTERM)
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
-        if signal.SIGINT in self._captured_signals:
-            signal.raise_signal(signal.SIGINT)
-
-
-class Supervisor(Multiprocess):
-    """uvicorn's multiprocess supervisor that stops listening as soon as it is told to stop."""
-
-    def handle_term(self) -> None:
-        self._stop_listening()
-        super().handle_term()
-
-    def handle_int(self) -> None:
-        self._stop_listening()
-        super().handle_int()
-
-    def _stop_listening(self) -> None:
-        # the workers hold the same listening socket: once they close theirs, nothing accepts
-        for sock in self.sockets:
-            sock.close()
-
-
-def uvicorn_config(config: Config, app: ASGIApp | str, **overrides: Any) -> GatewayUvicornConfig:
-    """The uvicorn config ``gateway serve`` runs with (tests pass ``port=`` and such)."""
-    server = config.server
-    options: dict[str, Any] = dict(
-        host=server.host,
-        port=server.port,
-        loop="uvloop",
-        http=Http1Protocol,  # gateway/http1.py: the edge of our own
-        # GET /v1/realtime (docs/spec.md §19): Http1Protocol hands upgrades to this protocol
-        # (its own, on websockets' sans-I/O API; uvicorn never builds it); messages over
-        # [realtime] max_message_bytes close the session with 1009; deflate is never offered
-        ws=RealtimeWebSocketProtocol,
+def edge_for(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> Edge:
+    """What the connections of a gateway process share: the app, the ``[server]`` guards,
+    WebSocket upgrades (``GET /v1/realtime``, docs/spec.md §19) with frames over ``[realtime]
+    max_message_bytes`` closing the session (1009)."""
+    edge = Edge(
+        app,
+        limits=client_limits(config),
+        keep_alive_s=KEEP_ALIVE_S,
+        freeze_gc=freeze_gc,
+        ws_enabled=True,
         ws_max_size=config.realtime.max_message_bytes,
-        ws_per_message_deflate=False,
-        lifespan="on",
-        proxy_headers=False,  # the edge hop decides whom to trust (edge.trusted_proxies)
-        server_header=False,
-        access_log=False,  # the gateway writes its own access log
-        # a float is fine: uvicorn hands it to asyncio.timeout(); 0 cancels at once
-        timeout_graceful_shutdown=server.shutdown_grace_s,
-        log_level=config.logging.level,
-        backlog=4096,
     )
-    options.update(overrides)
-    return GatewayUvicornConfig(app, client_limits(config), **options)
+    return edge
 
 
-#: the gateway's own lines (``serving on``, a port in use, the startup warnings), written in
-#: ``[logging] format`` to stderr by the log config ``serve`` hands uvicorn
-log = logging.getLogger("gateway")
+class Lifespan:
+    """The ASGI lifespan protocol against the app: ``startup`` → ``lifespan.startup.complete``
+    (True) or ``.failed`` / an exception (False); ``shutdown`` → ``lifespan.shutdown.complete``.
+    An app that returns without answering does not use the lifespan: it starts."""
+
+    def __init__(self, app: ASGIApp, state: dict[str, Any]) -> None:
+        self.app = app
+        self.state = state
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._started: asyncio.Future[bool] | None = None
+        self._stopped: asyncio.Future[bool] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def startup(self) -> bool:
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_future()
+        self._stopped = loop.create_future()
+        self._task = loop.create_task(self._main())
+        await self._inbox.put({"type": "lifespan.startup"})
+        return await self._started
+
+    async def shutdown(self) -> None:
+        if self._task is None or self._stopped is None or self._task.done():
+            return
+        await self._inbox.put({"type": "lifespan.shutdown"})
+        await self._stopped
+
+    async def _main(self) -> None:
+        scope = {
+            "type": "lifespan",
+            "asgi": {"version": "3.0", "spec_version": "2.0"},
+            "state": self.state,
+        }
+        ok = True
+        try:
+            await self.app(scope, self._inbox.get, self._send)
+        except BaseException as exc:
+            ok = False
+            log.error("gateway: exception in the lifespan protocol", exc_info=exc)
+        finally:
+            for done in (self._started, self._stopped):
+                if done is not None and not done.done():
+                    done.set_result(ok)
+
+    async def _send(self, message: MutableMapping[str, Any]) -> None:
+        kind = message["type"]
+        if kind.endswith(".failed") and message.get("message"):
+            log.error(f"gateway: {kind}: {message['message']}")
+        if kind.startswith("lifespan.startup.") and self._started and not self._started.done():
+            self._started.set_result(kind == "lifespan.startup.complete")
+        elif kind.startswith("lifespan.shutdown.") and self._stopped and not self._stopped.done():
+            self._stopped.set_result(kind == "lifespan.shutdown.complete")
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - no uvloop on Windows
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+class Server:
+    """One process's server on a bound socket (see the module). :meth:`run` blocks until
+    :meth:`stop`, SIGTERM or SIGINT (signals only in the main thread: a server in another
+    thread, as tests run it, is stopped by :meth:`stop`) or, with ``parent_fd``, the end of
+    the supervisor that started this worker (its pipe closes)."""
+
+    def __init__(
+        self, edge: Edge, sock: socket.socket, grace_s: float, *, parent_fd: int | None = None
+    ) -> None:
+        self.edge = edge
+        self.sock = sock
+        self.grace_s = grace_s
+        self.parent_fd = parent_fd
+        #: the app is up and the socket listening
+        self.started = False
+        #: the signals that came, in order (a first SIGINT: :func:`end_by_sigint` after run)
+        self.signals: list[int] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_early = False
+        self._forced = False
+        self._clock: asyncio.TimerHandle | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """The first signal was SIGINT (the process should end by it once drained)."""
+        return bool(self.signals) and self.signals[0] == signal.SIGINT
+
+    def run(self) -> int:
+        """Serve until stopped: 0, or :data:`STARTUP_FAILURE`."""
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(self.serve())
+
+    def stop(self) -> None:
+        """A graceful drain, as SIGTERM (from any thread)."""
+        loop, stop = self._loop, self._stop
+        if loop is None or stop is None:
+            self._stop_early = True
+            return
+        loop.call_soon_threadsafe(stop.set)
+
+    async def serve(self) -> int:
+        loop = self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if self._stop_early:
+            self._stop.set()
+        handled = self._handle_signals(loop)
+        if self.parent_fd is not None:
+            loop.add_reader(self.parent_fd, self._parent_gone)
+        try:
+            return await self._serve(loop)
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            if self.parent_fd is not None:
+                loop.remove_reader(self.parent_fd)
+            if self._clock is not None:
+                self._clock.cancel()
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> int:
+        assert self._stop is not None
+        edge = self.edge
+        lifespan = Lifespan(edge.app, edge.state)
+        if not await lifespan.startup():
+            log.error("gateway: application startup failed; exiting")
+            return STARTUP_FAILURE
+        log.info(f"gateway: application startup complete (process {os.getpid()})")
+        if not self._stop.is_set():  # not stopped while it started: listen
+            server = await loop.create_server(
+                lambda: Http1Protocol(edge, loop), sock=self.sock, backlog=BACKLOG
+            )
+            self._tick()
+            self.started = True
+            await self._stop.wait()
+            server.close()  # stop accepting: the port refuses once no process listens on it
+            await self._drain(loop)
+        if not self._forced:
+            await lifespan.shutdown()
+        log.info(f"gateway: application shutdown complete (process {os.getpid()})")
+        return 0
+
+    async def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Each connection's ``shutdown()`` (idle ones close, busy ones after their answer),
+        then wait for connections and request tasks within the grace; cancel what is left."""
+        edge = self.edge
+        for conn in list(edge.connections):
+            conn.shutdown()
+        deadline = loop.time() + self.grace_s
+        # polled (as uvicorn does), only while draining: the request path notifies nothing
+        while (edge.connections or edge.tasks) and not self._forced and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        left = list(edge.tasks)
+        if left:
+            why = "a second SIGINT" if self._forced else "shutdown_grace_s is over"
+            log.error(f"gateway: {why}: cancelling {len(left)} request(s) still running")
+            for task in left:
+                task.cancel()
+            await asyncio.wait(left, timeout=1.0)
+        for conn in list(edge.connections):
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.close()
+
+    def _tick(self) -> None:
+        """The ``date`` line, set again at each second's turn (one timer per process)."""
+        assert self._loop is not None
+        now = time.time()
+        self.edge.date = date_line(now)
+        self._clock = self._loop.call_later(1.0 - now % 1.0, self._tick)
+
+    def _handle_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        handled: list[int] = [signal.SIGTERM, signal.SIGINT]
+        for sig in handled:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        return handled
+
+    def _on_signal(self, sig: int) -> None:
+        assert self._stop is not None
+        if self._stop.is_set() and sig == signal.SIGINT:
+            self._forced = True  # a second Ctrl+C: cancel what is left now
+        self.signals.append(sig)
+        self._stop.set()
+
+    def _parent_gone(self) -> None:
+        """The supervisor's end of the pipe closed (it is gone): drain, as on SIGTERM."""
+        assert self._loop is not None and self._stop is not None and self.parent_fd is not None
+        self._loop.remove_reader(self.parent_fd)
+        self._stop.set()
+
+
+def end_by_sigint() -> None:
+    """End the process by SIGINT (after a drain that SIGINT started): the shell sees Ctrl+C."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGINT)
 
 
 def live_view_line(config: Config, address: str) -> str:
@@ -181,10 +320,10 @@ def exposure_warning(config: Config) -> str | None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before anything else starts, as uvicorn binds one for its
-    workers (SO_REUSEADDR, IPv6 for an address with a colon). The server listens on it once
-    the app is up (``create_server(sock=…)``): until then a connection is refused, not queued
-    behind a startup that may fail."""
+    """The server's socket, bound before anything else starts (SO_REUSEADDR, IPv6 for an
+    address with a colon; inheritable, for the workers). The server listens on it once the app
+    is up (``create_server(sock=…)``): until then a connection is refused, not queued behind a
+    startup that may fail."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -201,32 +340,24 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def configure_logging(config: Config) -> None:
+    """Every line the process writes in ``[logging] format`` (docs/spec.md §4), warnings too."""
+    import logging.config
+
+    from gateway.telemetry.logs import log_config
+
+    logging.config.dictConfig(log_config(config.logging))
+    logging.captureWarnings(True)  # py.warnings through the same handlers
+
+
 def serve(config: Config) -> int:
     """Run the gateway until SIGTERM (drained: 0) or SIGINT; workers > 1 under the supervisor.
 
     It says "serving on …" only once the socket is bound; an address that cannot be bound (in
     use, not this machine's, a privileged port) is one line naming it and exit status
     :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
-    from gateway.telemetry.logs import log_config
-
     server = config.server
-    workers = server.workers > 1
-    # every line the process (and each worker) writes in [logging] format (docs/spec.md §4)
-    logs = log_config(config.logging)
-    if workers:
-        uv = uvicorn_config(
-            config,
-            "gateway.app:create_app",
-            factory=True,
-            workers=server.workers,
-            log_config=logs,
-        )
-    else:
-        from gateway.app import Gateway
-
-        uv = uvicorn_config(config, Gateway(config), log_config=logs)
-    logging.captureWarnings(True)  # py.warnings through the same handlers
-    uv.freeze_gc = True
+    configure_logging(config)
     warning = exposure_warning(config)
     if warning is not None:
         log.warning(warning)
@@ -240,42 +371,33 @@ def serve(config: Config) -> int:
     with sock:
         log.info(f"gateway: serving on http://{address} (config: {config.source})")
         log.info(live_view_line(config, address))
-        if workers:
-            return _serve_workers(uv, sock)
-        gateway_server = GatewayServer(uv)
-        gateway_server.run(sockets=[sock])
-        return 0 if gateway_server.started else STARTUP_FAILURE
+        if server.workers > 1:
+            return Supervisor(sock, server.workers).run()
+        from gateway.app import Gateway
 
-
-def _supervisor(uv: GatewayUvicornConfig, sock: socket.socket) -> Supervisor:
-    # uvicorn before 0.5x takes the worker's entry point (``target``); later ones build it
-    if "target" in inspect.signature(Multiprocess.__init__).parameters:
-        make: Any = Supervisor
-        return cast(Supervisor, make(uv, target=uvicorn.Server(config=uv).run, sockets=[sock]))
-    return Supervisor(uv, sockets=[sock])
-
-
-def _serve_workers(uv: GatewayUvicornConfig, sock: socket.socket) -> int:
-    from gateway.telemetry.metrics import METRICS_DIR_ENV
-
-    # the workers' metrics snapshots, merged by whichever worker answers /metrics
-    with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
-        os.environ[METRICS_DIR_ENV] = shared
-        supervisor = _supervisor(uv, sock)
-        supervisor.run()
-    failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
-    return STARTUP_FAILURE if failed else 0
+        edge = edge_for(config, Gateway(config), freeze_gc=True)
+        runner = Server(edge, sock, server.shutdown_grace_s)
+        status = runner.run()
+    if runner.interrupted:
+        end_by_sigint()
+    return status
 
 
 __all__ = [
+    "BACKLOG",
+    "KEEP_ALIVE_S",
+    "STARTUP_FAILURE",
     "Awaiting",
     "ClientLimits",
-    "GatewayServer",
-    "GatewayUvicornConfig",
+    "Edge",
     "Http1Protocol",
-    "Supervisor",
+    "Lifespan",
+    "Server",
     "bind",
+    "client_limits",
+    "configure_logging",
+    "edge_for",
+    "end_by_sigint",
     "exposure_warning",
     "serve",
-    "uvicorn_config",
 ]

@@ -24,11 +24,13 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import itertools
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -88,6 +90,17 @@ SCRAPED = (
 LEAST_LOADED_PREFIX = 'strategy = "least_loaded"\naffinity = "prefix"\n'
 #: a closed port: spans are built, encoded and queued; the export thread's failures are cheap
 DEAD_OTLP = '[tracing]\nexporter = "otlp"\nendpoint = "http://127.0.0.1:9"\nsample_ratio = 1.0\n'
+#: a live OTLP/HTTP sink of this run's own (``loadtests/otlp_sink.py``, another process): the
+#: export thread's work (framing, sending) is counted too — it is this process's CPU
+OTLP_URL = "http://127.0.0.1:{port}"
+LIVE_OTLP = f'[tracing]\nexporter = "otlp"\nendpoint = "{OTLP_URL}"\nsample_ratio = 1.0\n'
+#: overhead.py's everything, in process: metrics, tracing to a live sink, the sampled access log,
+#: the live view; with the memory cache missing (a unique prompt per request: ``UNIQUE``)
+SAMPLED_LOG = '[logging]\naccess_log = "sampled"\nslow_ms = 500\nsample_ratio = 0.01\n'
+TELEMETRY = LIVE_OTLP + SAMPLED_LOG + "[ui]\nenabled = true\n"
+MEMORY_CACHE = '[cache]\nbackend = "memory"\nmode = "all"\n'
+#: variants whose every request carries a prompt of its own (cache misses)
+UNIQUE = frozenset({"everything", "cache-memory-miss"})
 
 VARIANTS: dict[str, tuple[str, str]] = {
     "core": (
@@ -123,6 +136,22 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "tracing": (
         "core with every request traced (spans built, encoded, queued)",
         NO_CACHE + DEAD_OTLP,
+    ),
+    "tracing-live": (
+        "core with every request traced to a live OTLP sink (built, encoded, queued, sent)",
+        NO_CACHE + LIVE_OTLP,
+    ),
+    "telemetry": (
+        "core with tracing to a live sink, the sampled access log and the live view",
+        NO_CACHE + TELEMETRY,
+    ),
+    "cache-memory-miss": (
+        "memory cache, a unique prompt every request (misses + stores)",
+        MEMORY_CACHE + NO_TRACING,
+    ),
+    "everything": (
+        "overhead.py's everything: cache-memory-miss + telemetry (tracing live, log, view)",
+        MEMORY_CACHE + TELEMETRY,
     ),
     "cache-memory-hit": (
         "memory cache, the same body every request (hits)",
@@ -172,7 +201,7 @@ BODY = orjson.dumps(
 )
 
 
-def scope() -> dict[str, Any]:
+def scope(body: bytes = BODY) -> dict[str, Any]:
     return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.4"},
@@ -187,7 +216,7 @@ def scope() -> dict[str, Any]:
             (b"host", b"127.0.0.1:8080"),
             (b"content-type", b"application/json"),
             (b"authorization", b"Bearer " + KEY),
-            (b"content-length", str(len(BODY)).encode()),
+            (b"content-length", str(len(body)).encode()),
         ],
         "client": ("127.0.0.1", 40000),
         "server": ("127.0.0.1", 8080),
@@ -195,7 +224,12 @@ def scope() -> dict[str, Any]:
     }
 
 
-async def one(app: Gateway) -> int:
+def unique_body(n: int) -> bytes:
+    """``BODY`` with a prompt of its own (a cache miss)."""
+    return BODY.replace(b"one short sentence.", b"one short sentence (%d)." % n)
+
+
+async def one(app: Gateway, body: bytes = BODY) -> int:
     sent = False
     status = 0
 
@@ -203,7 +237,7 @@ async def one(app: Gateway) -> int:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": BODY, "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         await asyncio.Event().wait()  # never: the request is answered before
         return {"type": "http.disconnect"}
 
@@ -212,8 +246,42 @@ async def one(app: Gateway) -> int:
         if message["type"] == "http.response.start":
             status = message["status"]
 
-    await app(scope(), receive, send)
+    await app(scope(body), receive, send)
     return status
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[int]:
+    """``loadtests/otlp_sink.py`` on a free loopback port (counting bytes, not decoding)."""
+    port = _free_port()
+    sink = str(Path(__file__).with_name("otlp_sink.py"))
+    proc = subprocess.Popen(
+        [sys.executable, sink, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, proc, "otlp_sink.py")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @contextlib.contextmanager
@@ -238,37 +306,56 @@ def redis_server() -> Iterator[int]:
         proc.wait(10)
 
 
+class Helpers:
+    """The processes variants need (an OTLP sink, a redis-server), started on first use."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._ports: dict[str, int] = {}
+
+    def toml(self, toml: str) -> str:
+        for url, start in ((OTLP_URL, otlp_sink), (REDIS_URL, redis_server)):
+            if url in toml:
+                if url not in self._ports:
+                    self._ports[url] = self._stack.enter_context(start())
+                toml = toml.replace(url, url.format(port=self._ports[url]))
+        return toml
+
+
 async def measure(names: list[str], requests: int, rounds: int) -> dict[str, float]:
     """Best CPU µs per request of each variant; the variants take turns round by round, so a
     neighbour's burst or a drift of the machine touches them all alike."""
     best = dict.fromkeys(names, float("inf"))
-    async with contextlib.AsyncExitStack() as stack:
-        apps = {}
-        redis_port = None
-        for name in names:
-            toml = VARIANTS[name][1]
-            if REDIS_URL in toml:
-                if redis_port is None:
-                    redis_port = stack.enter_context(redis_server())
-                toml = toml.replace(REDIS_URL, REDIS_URL.format(port=redis_port))
-            if "[logging]" not in toml:
-                toml += LOG_OFF
-            if "[ui]" not in toml:
-                toml += UI_OFF
-            base = "" if "[[backends]]" in toml else BASE  # the fleet variants bring theirs
-            app = Gateway(load_config(text=base + toml, env={}))
-            await stack.enter_async_context(app.running())
-            for _ in range(200):  # warm-up: caches, the first (cold) request
-                assert await one(app) == 200
-            apps[name] = app
-        gc.collect()
-        gc.freeze()  # as `gateway serve` does once started: the heap walks stay small
-        for _ in range(rounds):
-            for name, app in apps.items():
-                cpu = time.process_time()
-                for _ in range(requests):
-                    await one(app)
-                best[name] = min(best[name], (time.process_time() - cpu) / requests * 1e6)
+    counter = itertools.count()
+    with contextlib.ExitStack() as processes:
+        helpers = Helpers(processes)
+        async with contextlib.AsyncExitStack() as stack:
+            apps = {}
+            for name in names:
+                toml = helpers.toml(VARIANTS[name][1])
+                if "[logging]" not in toml:
+                    toml += LOG_OFF
+                if "[ui]" not in toml:
+                    toml += UI_OFF
+                base = "" if "[[backends]]" in toml else BASE  # the fleet variants bring theirs
+                app = Gateway(load_config(text=base + toml, env={}))
+                await stack.enter_async_context(app.running())
+                for _ in range(200):  # warm-up: caches, the first (cold) request
+                    body = unique_body(next(counter)) if name in UNIQUE else BODY
+                    assert await one(app, body) == 200
+                apps[name] = app
+            gc.collect()
+            gc.freeze()  # as `gateway serve` does once started: the heap walks stay small
+            for _ in range(rounds):
+                for name, app in apps.items():
+                    # the prompts are made before the clock starts (the same for every variant)
+                    bodies = [BODY] * requests
+                    if name in UNIQUE:
+                        bodies = [unique_body(next(counter)) for _ in range(requests)]
+                    cpu = time.process_time()
+                    for body in bodies:
+                        await one(app, body)
+                    best[name] = min(best[name], (time.process_time() - cpu) / requests * 1e6)
     return best
 
 

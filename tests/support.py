@@ -22,7 +22,7 @@ import uvicorn
 
 from gateway.app import Gateway
 from gateway.config import Config, load_config
-from gateway.server import uvicorn_config
+from gateway.server import Server, bind, edge_for
 
 
 def free_port() -> int:
@@ -40,7 +40,7 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
 
 
-# ---------------------------------------------------------------- uvicorn in a thread
+# ---------------------------------------------------------------- servers in a thread
 
 
 class ThreadedServer:
@@ -83,19 +83,36 @@ class ThreadedServer:
         self.thread.join(10)
 
 
-class GatewayServer(ThreadedServer):
-    """The gateway on the server stack ``gateway serve`` runs (its own HTTP/1.1 protocol,
-    gateway/http1.py: client timeouts and limits, the socket ``received`` stamp, one write per
-    response)."""
+class GatewayServer:
+    """The gateway on the server ``gateway serve`` runs (gateway/server.py's :class:`Server`
+    and its HTTP/1.1 protocol, gateway/http1.py: client timeouts and limits, the socket
+    ``received`` stamp, one write per response), in a thread: no signal handlers there, and
+    :meth:`stop` is the SIGTERM drain."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, grace_s: float = 2.0) -> None:
         self.app = Gateway(config)
-        self.port = free_port()
-        uv = uvicorn_config(
-            config, self.app, port=self.port, log_level="warning", timeout_graceful_shutdown=2
-        )
-        self.server = uvicorn.Server(uv)
+        self.sock = bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = Server(edge_for(config, self.app), self.sock, grace_s)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.thread.join(10)
+        self.sock.close()
 
     @property
     def base_url(self) -> str:

@@ -1,5 +1,5 @@
-"""gateway/http1.py, the HTTP/1.1 server edge, on real sockets under uvicorn's public Server with
-``Config(http=Http1Protocol)``: keep-alive, pipelining served in order, HEAD, request bodies
+"""gateway/http1.py, the HTTP/1.1 server edge, on real sockets under gateway/server.py's
+Server with a bare ASGI app: keep-alive, pipelining served in order, HEAD, request bodies
 (content-length and chunked), ``Expect: 100-continue``, chunked answers, the head's caps, a
 client that goes away."""
 
@@ -13,12 +13,17 @@ from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 
-from gateway.http1 import Http1Protocol
+from gateway.http1 import Edge
+from gateway.server import Server, bind
 from tests.gateway_process import Answer, read_answer
-from tests.support import free_port
 from tests.transports.test_h1_impl import until
+
+#: an app bug, by path: a header that must never reach the wire
+_BAD_HEADERS = {
+    "/bad-value": [(b"x-a", b"v\r\nx-injected: 1")],
+    "/bad-name": [(b"x a", b"v")],
+}
 
 #: what the app saw of each request that ended with a disconnect
 DISCONNECTS: list[str] = []
@@ -55,6 +60,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     headers = [(b"content-type", b"application/json")]
     if path != "/chunked":
         headers.append((b"content-length", str(len(out)).encode()))
+    headers += _BAD_HEADERS.get(path, [])
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     if path == "/chunked":
         await send({"type": "http.response.body", "body": out[:5], "more_body": True})
@@ -63,21 +69,24 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, loop="uvloop", http=Http1Protocol, log_level="warning"
-    )
-    server = uvicorn.Server(config)
+def served() -> Iterator[Server]:
+    sock = bind("127.0.0.1", 0)
+    server = Server(Edge(app), sock, grace_s=2.0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.01)
-    yield port
-    server.should_exit = True
+    yield server
+    server.stop()
     thread.join(10)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def port(served: Server) -> int:
+    return int(served.sock.getsockname()[1])
 
 
 def request(path: str, body: bytes = b"", method: str = "POST", extra: str = "") -> bytes:
@@ -178,3 +187,15 @@ def test_a_client_that_goes_away_is_a_disconnect_to_the_app(port):
         await until(lambda: "/partial" in DISCONNECTS, "the app saw it")
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["/bad-value", "/bad-name"])
+def test_an_invalid_header_from_the_app_closes_without_a_byte_of_it(port, path):
+    async def scenario() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(path, b"x"))
+        rest = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return rest
+
+    assert asyncio.run(scenario()) == b""

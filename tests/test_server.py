@@ -136,7 +136,7 @@ def test_exposure_warning_table(host: str, extra: str, key_env: bool, warns: boo
 
 def connection_of(gw: GatewayServer, port: int) -> Http1Protocol:
     """The server's protocol object for the client connection from local ``port``."""
-    for proto in gw.server.server_state.connections:
+    for proto in gw.server.edge.connections:
         if isinstance(proto, Http1Protocol) and proto.client == ("127.0.0.1", port):
             return proto
     raise AssertionError(f"no connection from port {port}")
@@ -154,7 +154,7 @@ def test_the_guards_follow_what_the_client_owes(gateway):
         head, body = request.split(b"\r\n\r\n", 1)
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         local = writer.get_extra_info("sockname")[1]
-        await until(lambda: any(True for _ in gw.server.server_state.connections), "accepted")
+        await until(lambda: any(True for _ in gw.server.edge.connections), "accepted")
         proto = connection_of(gw, local)
         assert proto.awaiting is Awaiting.HEAD  # from the accept
         writer.write(head + b"\r\n\r\n" + body[:5])

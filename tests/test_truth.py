@@ -1,7 +1,7 @@
 """The Timeline's points sit at the sockets (SPEC §6, issue 15): what the gateway reports is
 what a client sees, split honestly between the upstream's time and the gateway's.
 
-Real sockets throughout: the gateway runs under ``gateway.server``'s own uvicorn setup (the
+Real sockets throughout: the gateway runs on ``gateway.server``'s own server (the
 protocol that stamps ``received``), the upstream is a scripted server, the client a raw socket.
 Nothing here asserts a speed: the known delays (200 ms upstream, 300 ms client pause) are far
 above anything a loaded machine adds, and the checks are orderings and sums.
@@ -23,7 +23,7 @@ import pytest
 from gateway.app import Gateway
 from gateway.config import Config
 from gateway.context import RECEIVED_AT, RequestContext, Timeline
-from gateway.server import GatewayServer, uvicorn_config
+from gateway.server import Server, bind, edge_for
 from tests.support import (
     LAST_CHUNK,
     ScriptedUpstream,
@@ -31,7 +31,6 @@ from tests.support import (
     chat_chunk,
     chunk,
     config_for,
-    free_port,
     http_response,
     running,
     sse_head,
@@ -61,14 +60,13 @@ QUIET = '[logging]\naccess_log = "all"\n[cache]\nbackend = "off"\n[tracing]\nexp
 
 
 class _Served:
-    """The gateway as ``gateway serve`` runs it (gateway/http1.py), in a thread."""
+    """The gateway as ``gateway serve`` runs it (gateway/server.py, gateway/http1.py), in a
+    thread."""
 
     def __init__(self, config: Config) -> None:
-        self.port = free_port()
-        uv = uvicorn_config(
-            config, Gateway(config), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = GatewayServer(uv)
+        self.sock = bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = Server(edge_for(config, Gateway(config)), self.sock, grace_s=2.0)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> _Served:
@@ -81,8 +79,9 @@ class _Served:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         self.thread.join(10)
+        self.sock.close()
 
 
 @pytest.fixture

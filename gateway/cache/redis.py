@@ -13,8 +13,9 @@ A request waits for Redis at most ``cache.timeout_ms`` per command, however Redi
 
 Client-side retries are off (a retry would double the wait), and redis-py's own retry of the
 connect is off too. The standalone pool is a ``BlockingConnectionPool`` that waits for a free
-connection at most the timeout (then fails) rather than queueing forever; Cluster nodes fail at
-once with ``MaxConnectionsError`` when their pool is full.
+connection at most the timeout (then fails) rather than queueing forever; Redis Cluster goes
+through :class:`gateway.cache.cluster.ClusterClient` (a standalone client per node), whose
+nodes fail at once when their pool is full. Only redis-py's public API is used.
 
 A timed-out or cancelled command leaves a half-read reply on its socket. redis-py disconnects
 the connection on any exception while sending or reading (``redis/asyncio/connection.py``:
@@ -35,15 +36,12 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-# private API, kept on purpose (see _KeyFirstCommandsParser); pyproject bounds redis to the
-# minors the suite ran against (lowest and newest), README "Dependencies" says why
-from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.cache.breaker import CircuitBreaker
+from gateway.cache.cluster import ClusterClient
 from gateway.cache.guard import RedisGuard, close_quietly
 from gateway.cache.store import CacheUnavailable, lock_key
 from gateway.config import CacheConfig
@@ -87,34 +85,6 @@ def _ttl_ms(ttl_s: float) -> int:
     return max(1, int(ttl_s * 1000))
 
 
-#: the commands this store sends whose only key is their first argument
-_FIRST_ARG_KEY: Final = frozenset({"GET", "SET", "EXISTS"})
-
-
-class _KeyFirstCommandsParser(AsyncCommandsParser):
-    """Find the keys of our commands without the ``COMMAND`` table.
-
-    ``RedisCluster.initialize`` re-runs ``COMMAND`` on every topology refresh, i.e. after every
-    node failure (``redis/asyncio/cluster.py``: ``_execute_command`` sets ``_initialize`` on a
-    ConnectionError/TimeoutError; ``initialize`` calls ``commands_parser.initialize``). The reply
-    describes every command, and parsing it in redis-py's pure-Python parser measured ~35 ms
-    of CPU here, during which the event loop -- every request of the process -- stalls and no
-    ``asyncio.timeout`` can fire. GET, SET and EXISTS take their key first (EVAL is handled by
-    redis-py itself), so the table is only loaded, once, for any other command.
-    """
-
-    async def initialize(self, node: ClusterNode | None = None) -> None:
-        if node is not None:
-            self.node = node
-
-    async def get_keys(self, *args: Any) -> tuple[str, ...] | None:
-        if len(args) >= 2 and str(args[0]).upper() in _FIRST_ARG_KEY:
-            return (args[1],)
-        if not self.commands:
-            await super().initialize()
-        return await super().get_keys(*args)
-
-
 def connect(
     url: str,
     timeout_s: float,
@@ -122,7 +92,7 @@ def connect(
     password: str | None = None,
     cluster: bool = False,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
-) -> Redis | RedisCluster:
+) -> Redis | ClusterClient:
     """A client whose every socket read and connect is bounded by ``timeout_s``, with no
     client-side retries, speaking RESP2 (the cache and the rate limiter both use it)."""
     common: dict[str, Any] = {
@@ -141,15 +111,8 @@ def connect(
         # a password in the URL wins over this one (redis-py: URL options win)
         common["password"] = password
     if cluster:
-        client = RedisCluster.from_url(
-            url,
-            max_connections=max_connections,
-            # serve the slots we can reach rather than refuse the whole cluster
-            require_full_coverage=False,
-            **common,
-        )
-        client.commands_parser = _KeyFirstCommandsParser()
-        return client
+        # gateway/cache/cluster.py: slots routed here, no COMMAND table (why: its module)
+        return ClusterClient(url, max_connections=max_connections, **common)
     pool = BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=timeout_s, **common
     )

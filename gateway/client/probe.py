@@ -14,7 +14,7 @@ Every mark is cumulative from the start, like curl's. An HTTP client library wou
 its construction, its pool and its own DNS lookup fall between them (issue 14 measured 136 ms of
 "connect" on loopback that way, where curl says 0.5 ms).
 
-HTTP/1.1 responses are parsed by httptools (the parser uvicorn runs the gateway on); when ALPN
+HTTP/1.1 responses are parsed by httptools (the parser the gateway serves with); when ALPN
 selects ``h2`` the exchange is spoken with the ``h2`` state machine (httpx2's ``http2`` extra).
 
 >>> Target.parse("http://localhost:8080/healthz").authority

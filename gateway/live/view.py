@@ -33,7 +33,7 @@ Live feed: the stream first sends what the buffer holds after ``Last-Event-ID`` 
 ``?after=SEQ``), then each new request; each watcher has a bounded queue and is dropped when it
 falls behind. A stream ends after :data:`STREAM_MAX_S` and the browser's ``EventSource``
 reconnects with ``Last-Event-ID``, so nothing is lost — and an open page never holds a
-graceful shutdown for longer than that (uvicorn waits for open responses before it stops).
+graceful shutdown for longer than that (the drain waits for open responses before it stops).
 """
 
 from __future__ import annotations

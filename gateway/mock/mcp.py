@@ -54,6 +54,9 @@ class BuiltinResponse:
         self.headers = headers
         self._chunks = chunks
 
+    def complete_body(self, limit: int) -> bytes | None:
+        return None  # MCP answers are read chunk by chunk
+
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         for chunk in self._chunks:
             yield chunk

@@ -20,6 +20,9 @@ from gateway.errors import InvalidRequest, UpstreamStreamError
 
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
 _NUM_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_INT, _NUM = "integer", "number"
+#: the typed fields :meth:`Api.validate` checks, by name
+_FIELD_KINDS = dict.fromkeys(_INT_FIELDS, _INT) | dict.fromkeys(_NUM_FIELDS, _NUM)
 
 
 class Api:
@@ -49,18 +52,16 @@ class Api:
         opts = payload.get("stream_options")
         if opts is not None and not isinstance(opts, dict):
             raise InvalidRequest("'stream_options' must be an object", code="invalid_type")
-        for key in _INT_FIELDS:
-            v = payload.get(key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-                raise InvalidRequest(f"'{key}' must be an integer", code="invalid_type")
-        for key in ("max_tokens", "max_completion_tokens", "n"):
-            v = payload.get(key)
-            if v is not None and v < 1:
+        # only the fields the client sent: one lookup per field present, not per field known
+        for key, v in payload.items():
+            kind = _FIELD_KINDS.get(key)
+            if kind is None or v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int if kind is _INT else int | float):
+                what = "an integer" if kind is _INT else "a number"
+                raise InvalidRequest(f"'{key}' must be {what}", code="invalid_type")
+            if kind is _INT and v < 1 and key != "seed":
                 raise InvalidRequest(f"'{key}' must be at least 1", code="invalid_value")
-        for key in _NUM_FIELDS:
-            v = payload.get(key)
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
-                raise InvalidRequest(f"'{key}' must be a number", code="invalid_type")
 
     def apply_policies(
         self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None

@@ -35,7 +35,8 @@ once; a ``websocket.close`` before accepting is a 403). Beside it:
   :data:`PING_TIMEOUT_S` (else 1011), as uvicorn's defaults did (the client's pings are answered
   by ``websockets``);
 - a drain on shutdown (:meth:`~RealtimeWebSocketProtocol.shutdown`, :attr:`drain`): a relaying
-  session closes itself when its model response is done; anything else gets 1012 at once;
+  session closes itself when its model response is done; anything else gets 1012 at once (a
+  handshake still in the app's hands: right after its accept);
 - the relay's direct path (docs/spec.md §19, "each written as soon as it is read"): while a
   relay is attached (:attr:`~RealtimeWebSocketProtocol.relay`), each whole message read is
   offered to it in the same ``data_received`` call, and the relay writes it to the upstream at
@@ -215,6 +216,8 @@ class ClientSocket(Keepalive, asyncio.Protocol):
         self.answered = False
         #: the gateway sent its close frame (or failed the connection)
         self.close_sent = False
+        #: the server shut down while the app was still deciding the handshake
+        self.stopping = False
         self.disconnected = False
         self._close_timer: asyncio.TimerHandle | None = None
         #: a fragmented message being read: its frames, and whether it is text
@@ -365,24 +368,28 @@ class ClientSocket(Keepalive, asyncio.Protocol):
     def shutdown(self) -> None:
         """The server stops (SIGTERM): a relaying session drains — it closes itself with 1012
         once its model response is done, or just before ``shutdown_grace_s`` is over; any other
-        open session gets 1012 at once, a handshake not answered yet a 500."""
+        open session gets 1012 at once. A handshake the app is still deciding (auth, the
+        upstream's handshake) is let finish: a refusal goes out as HTTP, an accept is followed
+        by 1012 at once — the client reconnects, as from any drained session, where a 500 would
+        read as the gateway's fault."""
         drain = self.drain
         if drain is not None and not self.close_sent and not self.transport.is_closing():
             self.drain = None
             drain()
+            return
+        if not self.handshake_complete and not self.transport.is_closing():
+            self.stopping = True
             return
         self._stop_keepalive()
         if self.close_sent:
             if self._close_timer is not None:
                 self._close_timer.cancel()
                 self._close_timer = None
-        elif self.handshake_complete and not self.answered:
+        elif not self.answered:
             self.close_sent = True
             self.queue.put_nowait({"type": "websocket.disconnect", "code": 1012})
             self.conn.send_close(1012)
             self.transport.write(b"".join(self.conn.data_to_send()))
-        else:
-            self.refuse(500, "Internal Server Error")
         self.transport.close()
 
     def refuse(self, status: int, text: str) -> None:
@@ -557,7 +564,10 @@ class RealtimeWebSocketProtocol(ClientSocket):
                 self.handshake_complete = True
                 self.conn.send_response(response)
                 self.transport.write(b"".join(self.conn.data_to_send()))
-                self._start_keepalive()
+                if self.stopping:  # the server is draining: this session is over at once
+                    self.send_close(1012, "")
+                else:
+                    self._start_keepalive()
         elif kind == "websocket.close":  # refused without the extension: 403
             self.queue.put_nowait({"type": "websocket.disconnect", "code": 1006})
             self.refuse(403, "")

@@ -54,20 +54,23 @@ async def relay_json(
 ) -> bytes | None:
     """Relay a non-stream answer; returns the decoded body when it was held whole."""
     upstream_answered(ctx, attempt, resp)
-    parts: list[bytes] = []
-    size = 0
     try:
-        chunks = resp.aiter_raw()
-        async for chunk in chunks:
-            parts.append(chunk)
-            size += len(chunk)
-            if size > HOLD_LIMIT:
-                await _stream_rest(ctx, resp, out, parts, chunks)
-                return None
+        # the usual small answer came whole with its head: taken at once, no async iterator
+        raw = resp.complete_body(HOLD_LIMIT)
+        if raw is None:
+            parts: list[bytes] = []
+            size = 0
+            chunks = resp.aiter_raw()
+            async for chunk in chunks:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > HOLD_LIMIT:
+                    await _stream_rest(ctx, resp, out, parts, chunks)
+                    return None
+            raw = parts[0] if len(parts) == 1 else b"".join(parts)
     finally:
         upstream_finished(ctx, attempt, resp)
         await resp.aclose()
-    raw = parts[0] if len(parts) == 1 else b"".join(parts)
     upstream_coding = header_value(resp.headers, b"content-encoding")
     body = raw
     if upstream_coding is not None and upstream_coding.lower() != b"identity":

@@ -47,7 +47,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from gateway import __version__
 from gateway.config import TracingConfig
-from gateway.telemetry.otlp import RequestEncoder
+from gateway.telemetry.otlp import RequestEncoder, frame_spans
 
 log = logging.getLogger("gateway.tracing")
 
@@ -805,7 +805,12 @@ def make_exporter(cfg: TracingConfig, env: Mapping[str, str] | None = None) -> B
 
 
 class SpanQueue:
-    """Bounded queue + worker thread (the BatchSpanProcessor's job, for encoded spans)."""
+    """Bounded queue + worker thread (the BatchSpanProcessor's job, for encoded spans).
+
+    An entry is one request's spans, already framed as ``ScopeSpans.spans`` fields
+    (:func:`gateway.telemetry.otlp.frame_spans`) with their count: a batch is one join of
+    entries. The queue's size and the batch size count spans; a request's spans are queued
+    (and dropped, when the queue is full) together."""
 
     def __init__(
         self,
@@ -818,12 +823,16 @@ class SpanQueue:
     ) -> None:
         self.exporter = exporter
         self._encoder = encoder
-        self._queue: collections.deque[bytes] = collections.deque()
+        self._queue: collections.deque[tuple[bytes, int]] = collections.deque()
         self._max_queue = max_queue_size
         self._max_batch = max_batch
         self._delay = schedule_delay_s
         self._wake = threading.Event()
         self._stopping = False
+        #: spans ever queued (written on the event loop only) and taken (by the worker only):
+        #: their difference is what is queued, with no lock and no shared read-modify-write
+        self._queued = 0
+        self._taken = 0
         #: counters, read by /readyz and (later) /metrics
         self.dropped = 0
         self.exported = 0
@@ -834,15 +843,21 @@ class SpanQueue:
 
     def put(self, spans: Sequence[bytes]) -> None:
         """Called on the event loop: never blocks, never does I/O."""
-        q = self._queue
-        room = self._max_queue - len(q)
-        if room < len(spans):
-            self.dropped += len(spans) - max(room, 0)
-            spans = spans[: max(room, 0)]
-        q.extend(spans)
+        if spans:
+            self.put_framed(frame_spans(spans), len(spans))
+
+    def put_framed(self, block: bytes, count: int) -> None:
+        """Queue ``count`` spans framed by :func:`~gateway.telemetry.otlp.frame_spans` (all or,
+        when the queue has no room for them, none: counted as dropped)."""
+        queued = self._queued - self._taken
+        if queued + count > self._max_queue:
+            self.dropped += count
+            return
+        self._queue.append((block, count))
+        self._queued += count
         # set once per batch, not on every put until the worker runs: Event.set takes a lock
         # and notifies (issue 32)
-        if len(q) >= self._max_batch and not self._wake.is_set():
+        if queued + count >= self._max_batch and not self._wake.is_set():
             self._wake.set()
 
     def _run(self) -> None:
@@ -858,20 +873,30 @@ class SpanQueue:
 
     def _export_some(self) -> None:
         q = self._queue
-        batch: list[bytes] = []
-        while q and len(batch) < self._max_batch:
-            batch.append(q.popleft())
-        if not batch:
+        blocks: list[bytes] = []
+        count = 0
+        # only this thread takes entries (but shutdown() after its timeout: hence the guards)
+        while q:
+            try:
+                if blocks and count + q[0][1] > self._max_batch:
+                    break
+                block, n = q.popleft()
+            except IndexError:
+                break
+            blocks.append(block)
+            count += n
+        if not blocks:
             return
+        self._taken += count
         ok = False
         try:
-            ok = self.exporter.export(EncodedBatch(self._encoder.request(batch), len(batch)))
+            ok = self.exporter.export(EncodedBatch(self._encoder.request_framed(blocks), count))
         except Exception:  # the exporter must never kill the worker
             log.exception("span export failed")
         if ok:
-            self.exported += len(batch)
+            self.exported += count
         else:
-            self.failed += len(batch)
+            self.failed += count
             self.last_error_at = time.time()
 
     def state(self) -> str:
@@ -889,8 +914,11 @@ class SpanQueue:
         self._stopping = True
         self._wake.set()
         self._thread.join(max(0.0, deadline - time.monotonic()))
-        self.dropped += len(self._queue)
-        self._queue.clear()
+        left = 0
+        while self._queue:
+            left += self._queue.popleft()[1]
+        self._taken += left
+        self.dropped += left
         try:
             self.exporter.shutdown()
         except Exception:

@@ -5,8 +5,8 @@ Sampled as ``[logging]`` says: ``all``; ``sampled`` = every non-2xx, every reque
 ``slow_ms``, and ``sample_ratio`` of the rest; ``off``. Nothing is formatted for a request that
 is sampled out. Never a key, a prompt or a completion: only what is listed in :func:`line`.
 
-With ``format = "json"`` (the default) every line is one JSON object — warnings, uvicorn's own
-lines and the startup lines too — so a log shipper (Loki, Vector, CloudWatch) parses all of it;
+With ``format = "json"`` (the default) every line is one JSON object — warnings, the server's
+own lines and the startup lines too — so a log shipper (Loki, Vector, CloudWatch) parses all of it;
 ``format = "text"`` is for humans at a terminal.
 """
 
@@ -48,10 +48,11 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def log_config(cfg: LoggingConfig) -> dict[str, Any]:
-    """The ``logging.config.dictConfig`` of a serving process (uvicorn takes it as
-    ``log_config``, so each worker applies it too): the gateway's and uvicorn's loggers and the
-    root one write to stderr in ``cfg.format``. The access log keeps its own stdout handler
-    (:class:`AccessLog`; its lines are JSON objects already)."""
+    """The ``logging.config.dictConfig`` of a serving process (``gateway serve`` and each worker
+    apply it: :func:`gateway.server.configure_logging`): the gateway's loggers, uvicorn's (its
+    WebSocket protocol logs there) and the root one write to stderr in ``cfg.format``. The
+    access log keeps its own stdout handler (:class:`AccessLog`; its lines are JSON objects
+    already)."""
     level = cfg.level.upper()
     formatter: dict[str, Any] = (
         {"()": f"{__name__}.JsonFormatter"} if cfg.format == "json" else {"format": TEXT_FORMAT}
@@ -87,17 +88,43 @@ def configure(cfg: LoggingConfig) -> None:
 
 
 class AccessLog:
+    """Writes :func:`line` as JSON to the ``gateway.access`` logger (stdout by default).
+
+    While that logger has only the stdout handler this class gave it (no filter, nothing else
+    attached: the default), a line is written to the handler's stream directly -- the same
+    bytes a ``logger.info`` would write, without a LogRecord, the caller lookup and the locks
+    (issue 32). Anything attached to the logger (a test's handler, a filter) turns that off."""
+
     def __init__(self, cfg: LoggingConfig) -> None:
         self.mode = cfg.access_log
         self.slow_s = cfg.slow_ms / 1000
         self.ratio = cfg.sample_ratio
         self.logger = logging.getLogger(ACCESS_LOGGER)
+        #: the stdout handler this process's first AccessLog attached (None: somebody else's)
+        self._own: logging.StreamHandler[Any] | None = _OWN.get(ACCESS_LOGGER)
         if not self.logger.handlers:
             handler = logging.StreamHandler(sys.stdout)
             handler.setFormatter(logging.Formatter("%(message)s"))
             self.logger.addHandler(handler)
             self.logger.propagate = False
+            self._own = _OWN[ACCESS_LOGGER] = handler
         self.logger.setLevel(logging.INFO)
+
+    def _direct(self) -> logging.StreamHandler[Any] | None:
+        """The handler to write to directly, when nothing but it would see a record."""
+        own = self._own
+        logger = self.logger
+        if (
+            own is None
+            or logger.handlers != [own]
+            or logger.filters
+            or own.filters
+            or logger.disabled
+            or not logger.isEnabledFor(logging.INFO)
+            or own.level > logging.INFO
+        ):
+            return None
+        return own
 
     def wants(self, ctx: RequestContext) -> bool:
         if self.mode == "all":
@@ -112,7 +139,20 @@ class AccessLog:
 
     def record(self, ctx: RequestContext) -> None:
         if self.wants(ctx):
-            self.logger.info(orjson.dumps(line(ctx)).decode())
+            text = orjson.dumps(line(ctx)).decode()
+            own = self._direct()
+            if own is None:
+                self.logger.info(text)
+                return
+            try:  # StreamHandler.emit, minus the record and the formatting
+                own.stream.write(text + own.terminator)
+                own.flush()
+            except Exception:  # as logging does: a broken stdout never fails a request
+                own.handleError(logging.makeLogRecord({"msg": text, "name": ACCESS_LOGGER}))
+
+
+#: logger name -> the handler an AccessLog attached to it (there is one such logger per process)
+_OWN: dict[str, logging.StreamHandler[Any]] = {}
 
 
 def _tokens(usage: Usage) -> dict[str, int | None]:

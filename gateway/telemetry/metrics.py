@@ -61,6 +61,12 @@ METRICS_DIR_ENV = "GATEWAY_METRICS_DIR"
 SNAPSHOT_INTERVAL_S = 1.0
 
 Labels = tuple[str, ...]
+_bisect = bisect.bisect_left
+#: the hop histogram's labels of the gateway's own hops (docs/spec.md §11)
+_INTAKE: Labels = ("intake",)
+_AUTH: Labels = ("auth",)
+_ROUTER: Labels = ("router",)
+_UPSTREAM: Labels = ("upstream",)
 #: (trace id, value, unix time) of the newest traced observation in a bucket
 ExemplarData = tuple[int, float, float]
 
@@ -94,15 +100,33 @@ class Histogram:
         #: labels -> bucket index -> exemplar
         self.exemplars: dict[Labels, dict[int, ExemplarData]] = {}
 
-    def observe(self, labels: Labels, value: float, trace_id: int | None = None) -> None:
+    def observe(
+        self, labels: Labels, value: float, trace_id: int | None = None, now: float = 0.0
+    ) -> None:
+        """Count ``value``; with ``trace_id``, keep it as its bucket's exemplar, stamped ``now``
+        (``time.time()``; 0: read the clock here)."""
         row = self.series.get(labels)
         if row is None:
             row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
-        i = bisect.bisect_left(self.bounds, value)  # le: a value equal to a bound counts in it
+        i = _bisect(self.bounds, value)  # le: a value equal to a bound counts in it
         row[i] += 1
         row[-1] += value
         if trace_id is not None:
-            self.exemplars.setdefault(labels, {})[i] = (trace_id, value, time.time())
+            exemplars = self.exemplars.get(labels)
+            if exemplars is None:
+                exemplars = self.exemplars[labels] = {}
+            exemplars[i] = (trace_id, value, now or time.time())
+
+    def observe_each(self, pairs: tuple[tuple[Labels, float], ...]) -> None:
+        """:meth:`observe` of several (labels, value) without exemplars, in one call."""
+        series = self.series
+        bounds = self.bounds
+        for labels, value in pairs:
+            row = series.get(labels)
+            if row is None:
+                row = series[labels] = [0.0] * (len(bounds) + 2)
+            row[_bisect(bounds, value)] += 1
+            row[-1] += value
 
 
 class SpendMetrics:
@@ -261,20 +285,30 @@ class Metrics:
         status = str(answer.status)
         done = t.done if t.done is not None else t.received
         request_s = done - t.received
-        upstream_s = ctx.upstream_time(done)
+        attempts = ctx.attempts
+        if len(attempts) == 1:  # ctx.upstream_time(done), without its generator
+            a = attempts[0]
+            upstream_s = (a.end if a.end is not None else done) - a.start
+        else:
+            upstream_s = ctx.upstream_time(done)
         trace = ctx.trace
-        trace_id = trace.trace_id if trace is not None and trace.sampled else None
+        trace_id = None
+        now = 0.0
+        if trace is not None and trace.sampled:
+            trace_id = trace.trace_id
+            now = time.time()  # the exemplars' timestamp, read once
         self.requests.inc((route, model, status))
-        self.request_duration.observe((route, model), request_s, trace_id)
+        self.request_duration.observe((route, model), request_s, trace_id, now)
         overhead_s = max(0.0, request_s - upstream_s - t.backoff)  # waits are not overhead
-        self.overhead.observe((route,), overhead_s, trace_id)
-        for attempt in ctx.attempts:
+        self.overhead.observe((route,), overhead_s, trace_id, now)
+        for attempt in attempts:
             backend = (attempt.backend.name, model)
-            self.upstream_duration.observe(backend, attempt.duration(done), trace_id)
+            self.upstream_duration.observe(backend, attempt.duration(done), trace_id, now)
         if t.first_content is not None:
-            self.ttft.observe((model,), t.first_content - t.received, trace_id)
-        self._hops(ctx, edges, upstream_s)
-        self.objects.observe(ctx, request_s, trace_id)
+            self.ttft.observe((model,), t.first_content - t.received, trace_id, now)
+        _observe_hops(self.hops, ctx, edges, upstream_s)
+        if ctx.object_call is not None:
+            self.objects.observe(ctx, request_s, trace_id)
         self._spend(ctx, route, model)
         kind = answer.error_type()
         if kind is not None:
@@ -323,19 +357,6 @@ class Metrics:
             self.spend.cost.inc((route, model, ctx.tenant or "-"), usd)
         elif ctx.attempts:  # an upstream answered a model nobody priced
             self.spend.unpriced.inc((model,))
-
-    def _hops(self, ctx: RequestContext, edges: list[EdgeHop], upstream_s: float) -> None:
-        hops = self.hops
-        for name, _index, start, end in edges:
-            hops.observe((name,), end - start)
-        t = ctx.timeline
-        hops.observe(("intake",), t.intake_done - t.received)
-        if t.auth_done is not None:
-            hops.observe(("auth",), t.auth_done - t.intake_done)
-            if t.routed is not None:
-                hops.observe(("router",), t.routed - t.auth_done)
-        if ctx.attempts:
-            hops.observe(("upstream",), upstream_s)
 
     def model_label(self, ctx: RequestContext) -> str:
         """A bounded ``model`` label: never an arbitrary client string (docs/spec.md §11)."""
@@ -401,7 +422,30 @@ class Metrics:
             yield gauge
 
 
+def _observe_hops(
+    hops: Histogram, ctx: RequestContext, edges: list[EdgeHop], upstream_s: float
+) -> None:
+    """``gateway_hop_duration_seconds`` of a request: edge hops, intake, auth, router, upstream."""
+    for name, _index, start, end in edges:
+        hops.observe((name,), end - start)
+    t = ctx.timeline
+    intake = (_INTAKE, t.intake_done - t.received)
+    auth_done = t.auth_done
+    if auth_done is None:
+        hops.observe_each((intake, (_UPSTREAM, upstream_s)) if ctx.attempts else (intake,))
+        return
+    auth = (_AUTH, auth_done - t.intake_done)
+    routed = t.routed
+    if routed is None:
+        pairs: tuple[tuple[Labels, float], ...] = (intake, auth)
+    else:
+        pairs = (intake, auth, (_ROUTER, routed - auth_done))
+    hops.observe_each((*pairs, (_UPSTREAM, upstream_s)) if ctx.attempts else pairs)
+
+
 #: gauge name -> (help, labels, how workers combine)
+
+
 GAUGES: dict[str, tuple[str, Labels, Callable[[list[float]], float]]] = {
     "gateway_inflight_requests": ("Requests in flight", ("route",), sum),
     "gateway_backend_up": ("1 = the backend is in rotation, 0 = ejected", ("backend",), min),

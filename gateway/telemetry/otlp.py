@@ -117,20 +117,48 @@ def float_attr(k: str, v: float) -> bytes:
     return prefix + _pack_d(v)
 
 
+_INT_PREFIX: dict[str, tuple[bytes, ...]] = {}
+
+
+def _int_prefixes(k: str) -> tuple[bytes, ...]:
+    """The framing of an int attribute ``k`` for each length of its AnyValue (2..11 bytes)."""
+    kb = _key(k)
+    got = _INT_PREFIX[k] = tuple(
+        b"\x4a" + varint(len(kb) + 2 + n) + kb + b"\x12" + bytes([n]) for n in range(12)
+    )
+    return got
+
+
 def int_attr(k: str, v: int) -> bytes:
     """A high-cardinality int attribute (byte counts, tokens): not memoised — a memo of values
-    that rarely repeat only churns (issue 32)."""
-    av = b"\x18" + varint(v & 0xFFFFFFFFFFFFFFFF)
-    body = _key(k) + b"\x12" + varint(len(av)) + av
-    return b"\x4a" + varint(len(body)) + body
+    that rarely repeat only churns (issue 32); its framing is fixed per key and value length."""
+    av = b"\x18" + (_SMALL[v] if 0 <= v < 16384 else _varint_uncached(v & 0xFFFFFFFFFFFFFFFF))
+    prefixes = _INT_PREFIX.get(k)
+    if prefixes is None:
+        prefixes = _int_prefixes(k)
+    return prefixes[len(av)] + av
+
+
+def float_prefix(k: str) -> bytes:
+    """What :func:`float_attr` puts before the 8 value bytes (for callers that inline it)."""
+    float_attr(k, 0.0)
+    return _FLOAT_PREFIX[k]
 
 
 def str_attr(k: str, v: str) -> bytes:
     """A high-cardinality string attribute (ids)."""
     vb = v.encode("utf-8", "surrogatepass")
-    av = b"\x0a" + varint(len(vb)) + vb
+    n = len(vb)
+    if n < 126:  # the AnyValue (tag, length, bytes) is shorter than 128 bytes: one length byte
+        body = _key(k) + _STR_VALUE[n] + vb
+        return b"\x4a" + varint(len(body)) + body
+    av = b"\x0a" + varint(n) + vb
     body = _key(k) + b"\x12" + varint(len(av)) + av
     return b"\x4a" + varint(len(body)) + body
+
+
+#: KeyValue.value's framing of a short string: field 2 (AnyValue, n + 2 bytes), field 1 (n bytes)
+_STR_VALUE = tuple(b"\x12" + bytes([n + 2]) + b"\x0a" + bytes([n]) for n in range(126))
 
 
 def stable_attr(k: str, v: str | int | bool) -> bytes:
@@ -143,6 +171,8 @@ def stable_attr(k: str, v: str | int | bool) -> bytes:
 
 
 _pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), fixed64 each
+pack_times = _pack_times
+pack_double = _pack_d
 _NAME_KIND: dict[tuple[str, int], bytes] = {}
 _TAILS: dict[tuple[int, int], bytes] = {}
 
@@ -251,8 +281,23 @@ def span(
     )
 
 
+def frame_spans(spans: Iterable[bytes]) -> bytes:
+    """Spans as ``ScopeSpans.spans`` entries (field 2, length-delimited), one block: what the
+    export queue holds per request, so framing a batch is one join of blocks (issue 32)."""
+    parts: list[bytes] = []
+    add = parts.append
+    for s in spans:
+        add(b"\x12")
+        add(varint(len(s)))
+        add(s)
+    return b"".join(parts)
+
+
 class RequestEncoder:
-    """Frames encoded spans into an ``ExportTraceServiceRequest`` for one resource and scope."""
+    """Frames encoded spans into an ``ExportTraceServiceRequest`` for one resource and scope.
+
+    The resource and scope are encoded once; a request is one join of their bytes, the two
+    length prefixes and the already framed span blocks (:func:`frame_spans`)."""
 
     def __init__(self, resource: dict[str, AttrValue], scope_name: str, scope_version: str) -> None:
         res = b"".join(_field(b"\x0a", kv(k, v)) for k, v in resource.items())
@@ -261,6 +306,13 @@ class RequestEncoder:
         self._scope = _field(b"\x0a", scope)
 
     def request(self, spans: Sequence[bytes]) -> bytes:
-        scope_spans = self._scope + b"".join(_field(b"\x12", s) for s in spans)
-        resource_spans = self._resource + _field(b"\x12", scope_spans)
-        return _field(b"\x0a", resource_spans)
+        return self.request_framed([frame_spans(spans)])
+
+    def request_framed(self, blocks: Sequence[bytes]) -> bytes:
+        """The request of ``blocks`` made by :func:`frame_spans` (copied once, here)."""
+        scope_spans = len(self._scope) + sum(map(len, blocks))
+        head = b"\x12" + varint(scope_spans)
+        resource_spans = len(self._resource) + len(head) + scope_spans
+        return b"".join(
+            (b"\x0a", varint(resource_spans), self._resource, head, self._scope, *blocks)
+        )

@@ -10,7 +10,8 @@ ids and numbers are encoded per request.
 from __future__ import annotations
 
 import random
-from typing import Any
+import struct
+from typing import Any, Final
 
 import orjson
 
@@ -30,7 +31,20 @@ _i = otlp.int_attr
 _FLAGS = otlp.FLAG_HAS_IS_REMOTE | 0x01
 #: the status + flags of every span without an error: encoded once
 _TAIL = otlp.tail(otlp.STATUS_UNSET, _FLAGS)
+_getrandbits = random.getrandbits
 _ZERO_ID = bytes(8)
+_times = otlp.pack_times
+_double = otlp.pack_double
+#: the framing of the root's float attributes: only their 8 value bytes are per request
+_F_REQUEST: Final = otlp.float_prefix("gateway.request_time_ms")
+_F_UPSTREAM: Final = otlp.float_prefix("gateway.upstream_time_ms")
+_F_OVERHEAD: Final = otlp.float_prefix("gateway.overhead_ms")
+_F_BODY_READ: Final = otlp.float_prefix("gateway.body_read_ms")
+_F_LAG: Final = otlp.float_prefix("gateway.event_loop.lag_ms")
+#: the three times every root span has, framing included, packed by one struct call
+_pack_root_times = struct.Struct(
+    f"<{len(_F_REQUEST)}sd{len(_F_UPSTREAM)}sd{len(_F_OVERHEAD)}sd"
+).pack
 _GROUPS: dict[tuple[Any, ...], bytes] = {}
 _ROOT_NAMES = (
     "http.request.method",
@@ -94,10 +108,8 @@ def _group(key: tuple[Any, ...], names: tuple[str, ...]) -> bytes:
 
 
 def _sid() -> bytes:
-    sid = random.randbytes(8)
-    while sid == _ZERO_ID:  # an all-zero span id is invalid (W3C Trace Context)
-        sid = random.randbytes(8)
-    return sid
+    """A random span id: never all zero (invalid, W3C Trace Context)."""
+    return (_getrandbits(64) or 1).to_bytes(8, "big")
 
 
 def route_template(path: str) -> str:
@@ -177,7 +189,18 @@ def _stateful_template(path: str) -> str | None:
 class _Tree:
     """What every span of one request shares: trace id framing, root id, clock base."""
 
-    __slots__ = ("ctx", "done", "head", "received", "root_id", "tail", "under_root", "wall")
+    __slots__ = (
+        "ctx",
+        "done",
+        "head",
+        "ids",
+        "received",
+        "root_id",
+        "tail",
+        "under_root",
+        "usage",
+        "wall",
+    )
 
     def __init__(self, ctx: RequestContext, trace: TraceContext) -> None:
         t = ctx.timeline
@@ -187,8 +210,22 @@ class _Tree:
         self.done = t.done if t.done is not None else t.received
         self.head = otlp.span_head(trace.trace_id.to_bytes(16, "big"))
         self.root_id = trace.root_span_id.to_bytes(8, "big")
-        self.under_root = otlp.parent_field(self.root_id)
+        self.under_root = b"\x22\x08" + self.root_id
         self.tail = _TAIL
+        #: the span ids of intake, auth, router, cache lookup, cache store: one random draw
+        ids = _getrandbits(320).to_bytes(40, "big")
+        while _ZERO_ID in ids:  # no id may be all zero (W3C); a false alarm only draws again
+            ids = _getrandbits(320).to_bytes(40, "big")
+        self.ids = ids
+        #: gen_ai.usage.input_tokens / output_tokens: the same on the answering CLIENT span
+        #: and the root, encoded once
+        usage = ctx.answer.tokens
+        tokens = b""
+        if usage.input is not None:
+            tokens = _i("gen_ai.usage.input_tokens", usage.input)
+        if usage.output is not None:
+            tokens += _i("gen_ai.usage.output_tokens", usage.output)
+        self.usage = tokens
 
     def ns(self, t: float) -> int:
         return self.wall + int((t - self.received) * 1e9)
@@ -202,26 +239,43 @@ def build_spans(
     cache_backend: str = "memory",
     auth_mode: str = "off",
 ) -> list[bytes]:
-    """The encoded span tree of one finished request."""
+    """The encoded span tree of one finished request.
+
+    Runs for every sampled request, so the common spans (intake, auth, router) are written
+    inline here: one ``bytes.join`` each from memoised parts, the times packed by one struct
+    call; the rarer ones have their own builders."""
     tree = _Tree(ctx, trace)
-    spans = [_edge_span(tree, *hop) for hop in edge_hops]
-    spans.append(_intake_span(tree, hop_base + 1))
-    spans.append(_auth_span(tree, hop_base + 2, auth_mode))
-    spans.extend(_router_spans(tree, hop_base + 3, cache_backend))
+    head, under_root, wall, received = tree.head, tree.under_root, tree.wall, tree.received
+    t = ctx.timeline
+    spans = [_edge_span(tree, *hop) for hop in edge_hops] if edge_hops else []
+    # hop intake: the gateway's own server, from the first byte read to the application
+    intake_ns = wall + int((t.intake_done - received) * 1e9)
+    key: tuple[Any, ...] = ("intake", hop_base + 1, "gateway")
+    group = _GROUPS.get(key) or _group(key, _HOP_NAMES)
+    times = _times(0x39, wall, 0x41, max(wall, intake_ns))
+    ids = tree.ids
+    spans.append(b"".join((head, ids[:8], under_root, _INTAKE, times, group, _TAIL)))
+    # hop auth
+    auth_done = t.auth_done
+    auth_ns = wall + int(((auth_done if auth_done is not None else tree.done) - received) * 1e9)
+    key = ("auth", hop_base + 2, "gateway", auth_mode)
+    group = _GROUPS.get(key) or _group(key, _AUTH_NAMES)
+    if ctx.tenant is not None:
+        group += _s("gateway.tenant", ctx.tenant)
+    times = _times(0x39, intake_ns, 0x41, max(intake_ns, auth_ns))
+    spans.append(b"".join((head, ids[8:16], under_root, _AUTH, times, group, _TAIL)))
+    if auth_done is not None:
+        _router_spans(tree, hop_base + 3, cache_backend, spans, auth_ns)
     outcome = ctx.cache
     if outcome.store_start is not None:
+        end = outcome.store_end or tree.done
         spans.append(
-            _cache_span(
-                tree,
-                tree.under_root,
-                "cache store",
-                outcome.store_start,
-                outcome.store_end or tree.done,
-                cache_backend,
-            )
+            _cache_span(tree, under_root, "cache store", outcome.store_start, end, cache_backend)
         )
-    last = ctx.attempts[-1] if ctx.attempts else None
-    spans.extend(_client_span(tree, attempt, attempt is last) for attempt in ctx.attempts)
+    attempts = ctx.attempts
+    if attempts:
+        last = attempts[-1]
+        spans.extend([_client_span(tree, attempt, attempt is last) for attempt in attempts])
     spans.append(_root_span(tree, trace, edge_hops))
     return spans
 
@@ -239,93 +293,86 @@ def _edge_span(tree: _Tree, name: str, index: int, start_s: float, end_s: float)
     )
 
 
-def _intake_span(tree: _Tree, index: int) -> bytes:
-    """The gateway's own server: from the request's first byte read to the request handed to
-    the application (HTTP parsing, ASGI dispatch; docs/spec.md §6)."""
-    attrs = (_group(("intake", index, "gateway"), _HOP_NAMES),)
-    end = tree.ns(tree.ctx.timeline.intake_done)
-    return otlp.span_fast(
-        tree.head, _sid(), tree.under_root, _INTAKE, tree.wall, end, attrs, tree.tail
-    )
-
-
-def _auth_span(tree: _Tree, index: int, mode: str) -> bytes:
-    t = tree.ctx.timeline
-    end = t.auth_done if t.auth_done is not None else tree.done
-    attrs = [_group(("auth", index, "gateway", mode), _AUTH_NAMES)]
-    if tree.ctx.tenant is not None:
-        attrs.append(_s("gateway.tenant", tree.ctx.tenant))
-    start = tree.ns(t.intake_done)
-    return otlp.span_fast(
-        tree.head, _sid(), tree.under_root, _AUTH, start, tree.ns(end), attrs, tree.tail
-    )
-
-
-def _router_spans(tree: _Tree, index: int, cache_backend: str) -> list[bytes]:
+def _router_spans(
+    tree: _Tree, index: int, cache_backend: str, spans: list[bytes], start_ns: int
+) -> None:
+    """``hop router`` (and its ``cache lookup`` child), appended to ``spans``."""
     ctx = tree.ctx
     t = ctx.timeline
-    if t.auth_done is None:
-        return []
     call = ctx.call
-    router_id = _sid()
+    router_id = tree.ids[16:24]
     end = t.routed
     if end is None:
         end = ctx.attempts[0].start if ctx.attempts else tree.done
+    end_ns = tree.wall + int((end - tree.received) * 1e9)
     route = call.route.name if call is not None else None
-    attrs = [_group(("router", index, "gateway", ctx.cache.result, route), _ROUTER_NAMES)]
+    key = ("router", index, "gateway", ctx.cache.result, route)
+    attrs = [_GROUPS.get(key) or _group(key, _ROUTER_NAMES)]
     if t.body_received is not None:
-        attrs.append(_f("gateway.body_read_ms", _ms(t.body_received - t.auth_done)))
+        body_read = round((t.body_received - t.auth_done) * 1000, 3)  # type: ignore[operator]
+        attrs.append(_F_BODY_READ + _double(body_read))
     if call is not None:
         attrs.append(_i("gateway.request.body_bytes", len(call.body)))
-        attrs.extend(_a(f"gateway.{key}", value) for key, value in call.policies.items())
-    spans = [
-        otlp.span_fast(
-            tree.head,
-            router_id,
-            tree.under_root,
-            _ROUTER,
-            tree.ns(t.auth_done),
-            tree.ns(end),
-            attrs,
-            tree.tail,
-        )
-    ]
+        if call.policies:
+            attrs.extend([_a(f"gateway.{key}", value) for key, value in call.policies.items()])
+    times = _times(0x39, start_ns, 0x41, max(start_ns, end_ns))
+    spans.append(
+        b"".join((tree.head, router_id, tree.under_root, _ROUTER, times, *attrs, tree.tail))
+    )
     outcome = ctx.cache
     if outcome.lookup_start is not None:
         spans.append(
             _cache_span(
                 tree,
-                otlp.parent_field(router_id),
+                b"\x22\x08" + router_id,
                 "cache lookup",
                 outcome.lookup_start,
                 outcome.lookup_end or tree.done,
                 cache_backend,
             )
         )
-    return spans
+
+
+#: (result, backend, error) -> the cache spans' fixed attributes
+_CACHE_GROUPS: dict[tuple[str, str, bool], bytes] = {}
+
+
+def _cache_group(result: str, backend: str, error: bool) -> bytes:
+    attrs = [_s("gateway.cache", result), _s("gateway.cache.backend", backend)]
+    if backend == "redis":
+        attrs.append(_s("db.system.name", "redis"))
+    if error:
+        attrs.append(_s("error.type", "cache_unavailable"))
+    got = _CACHE_GROUPS[(result, backend, error)] = b"".join(attrs)
+    return got
+
+
+_CACHE_LOOKUP = otlp.name_kind("cache lookup", otlp.KIND_INTERNAL)
+_CACHE_STORE = otlp.name_kind("cache store", otlp.KIND_INTERNAL)
+_ERROR_TAIL = otlp.tail(otlp.STATUS_ERROR, _FLAGS)
 
 
 def _cache_span(
     tree: _Tree, parent: bytes, name: str, start: float, end: float, backend: str
 ) -> bytes:
     outcome = tree.ctx.cache
-    attrs = [_s("gateway.cache", outcome.result), _s("gateway.cache.backend", backend)]
-    if backend == "redis":
-        attrs.append(_s("db.system.name", "redis"))
-    if outcome.error:
-        attrs.append(_s("error.type", "cache_unavailable"))
-    if outcome.stored is not None and name == "cache store":
-        attrs.append(_i("gateway.cache.entry_bytes", outcome.stored))
-    status = otlp.STATUS_ERROR if outcome.error else otlp.STATUS_UNSET
-    return otlp.span_fast(
-        tree.head,
-        _sid(),
-        parent,
-        otlp.name_kind(name, otlp.KIND_INTERNAL),
-        tree.ns(start),
-        tree.ns(end),
-        attrs,
-        otlp.tail(status, _FLAGS),
+    key = (outcome.result, backend, outcome.error)
+    group = _CACHE_GROUPS.get(key) or _cache_group(*key)
+    store = name == "cache store"
+    if outcome.stored is not None and store:
+        group += _i("gateway.cache.entry_bytes", outcome.stored)
+    start_ns = tree.wall + int((start - tree.received) * 1e9)
+    end_ns = tree.wall + int((end - tree.received) * 1e9)
+    return b"".join(
+        (
+            tree.head,
+            tree.ids[32:] if store else tree.ids[24:32],
+            parent,
+            _CACHE_STORE if store else _CACHE_LOOKUP,
+            _times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
+            group,
+            _ERROR_TAIL if outcome.error else _TAIL,
+        )
     )
 
 
@@ -338,30 +385,23 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     b = attempt.backend
     model = ctx.model or ""
     operation = call.operation if call is not None else None
-    attrs = [
-        _group(
-            (
-                operation or "http",
-                b.provider,
-                model,
-                call.stream if call is not None else False,
-                b.host,
-                b.port,
-                b.name,
-                attempt.number,
-                attempt.status,
-            ),
-            _CLIENT_NAMES,
-        )
-    ]
-    if call is not None:
-        attrs.extend(_request_attrs(call.payload))
-    if attempt.affinity is not None:  # docs/spec.md §21: a route with affinity
-        attrs.append(_s("gateway.affinity", attempt.affinity))
-    if attempt.load is not None:  # the backend's load as last scraped when it was chosen
-        attrs.append(_f("gateway.backend.queue_depth", attempt.load[0]))
-        if attempt.load[1] is not None:
-            attrs.append(_f("gateway.backend.kv_cache_usage", attempt.load[1]))
+    max_tokens, temperature = _request_values(call.payload) if call is not None else _NO_VALUES
+    key = (
+        operation or "http",
+        b.provider,
+        model,
+        call.stream if call is not None else False,
+        b.host,
+        b.port,
+        b.name,
+        attempt.number,
+        attempt.status,
+        max_tokens,
+        temperature,
+    )
+    attrs = [_GROUPS.get(key) or _client_group(key)]
+    if attempt.affinity is not None or attempt.load is not None:
+        _fleet_attrs(attempt, attrs)
     status = otlp.STATUS_UNSET
     message = ""
     if attempt.status is not None and attempt.status >= 500:
@@ -371,22 +411,27 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
         message = attempt.error.message
         attrs.append(_s("error.type", attempt.error.code or attempt.error.type))
     if last:
-        attrs.extend(_answer_attrs(ctx, attempt))
+        attrs.extend(_answer_attrs(ctx, attempt, tree.usage))
         error = ctx.answer.error
         if error is not None and ctx.timeline.client_first_byte is not None:
             status = otlp.STATUS_ERROR  # the stream broke after the answer started
             message = error.message
             attrs.append(_s("error.type", error.code or error.type))
     end = attempt.end if attempt.end is not None else tree.done
-    return otlp.span_fast(
-        tree.head,
-        attempt.span_id.to_bytes(8, "big"),
-        tree.under_root,
-        otlp.name_kind(f"{operation or ctx.method} {model}".strip(), otlp.KIND_CLIENT),
-        tree.ns(attempt.start),
-        tree.ns(end),
-        attrs,
-        otlp.tail(status, _FLAGS, message),
+    start_ns = tree.wall + int((attempt.start - tree.received) * 1e9)
+    end_ns = tree.wall + int((end - tree.received) * 1e9)
+    return b"".join(
+        (
+            tree.head,
+            attempt.span_id.to_bytes(8, "big"),
+            tree.under_root,
+            otlp.name_kind(f"{operation or ctx.method} {model}".strip(), otlp.KIND_CLIENT),
+            _times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
+            *attrs,
+            _TAIL
+            if status == otlp.STATUS_UNSET and not message
+            else otlp.tail(status, _FLAGS, message),
+        )
     )
 
 
@@ -435,20 +480,41 @@ def _mcp_span(tree: _Tree, attempt: Attempt, mcp: dict[str, Any]) -> bytes:
     )
 
 
-def _request_attrs(payload: dict[str, Any]) -> list[bytes]:
-    attrs = []
+_NO_VALUES: tuple[int | None, float | None] = (None, None)
+
+
+def _fleet_attrs(attempt: Attempt, attrs: list[bytes]) -> None:
+    if attempt.affinity is not None:  # docs/spec.md §21: a route with affinity
+        attrs.append(_s("gateway.affinity", attempt.affinity))
+    if attempt.load is not None:  # the backend's load as last scraped when it was chosen
+        attrs.append(_f("gateway.backend.queue_depth", attempt.load[0]))
+        if attempt.load[1] is not None:
+            attrs.append(_f("gateway.backend.kv_cache_usage", attempt.load[1]))
+
+
+def _request_values(payload: dict[str, Any]) -> tuple[int | None, float | None]:
+    """``gen_ai.request.max_tokens`` and ``.temperature`` as the request gave them (or None)."""
     v = payload.get("max_tokens")
     if v is None:
         v = payload.get("max_completion_tokens", payload.get("max_output_tokens"))
-    if type(v) is int:
-        attrs.append(_s("gen_ai.request.max_tokens", v))
+    max_tokens = v if type(v) is int else None
     v = payload.get("temperature")
-    if type(v) is int or type(v) is float:
-        attrs.append(_f("gen_ai.request.temperature", float(v)))
-    return attrs
+    return max_tokens, float(v) if type(v) is int or type(v) is float else None
 
 
-def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
+def _client_group(key: tuple[Any, ...]) -> bytes:
+    """The CLIENT span's stable attributes: the nine of :data:`_CLIENT_NAMES`, then the
+    request's max_tokens and temperature (low-cardinality too), as one memoised block."""
+    encoded = b"".join(_s(n, v) for n, v in zip(_CLIENT_NAMES, key, strict=False) if v is not None)
+    max_tokens, temperature = key[-2:]
+    if max_tokens is not None:
+        encoded += _s("gen_ai.request.max_tokens", max_tokens)
+    if temperature is not None:
+        encoded += _f("gen_ai.request.temperature", temperature)
+    return remember(_GROUPS, key, encoded, 4096)
+
+
+def _answer_attrs(ctx: RequestContext, attempt: Attempt, usage: bytes) -> list[bytes]:
     """What the answering attempt got back: model, id, finish reasons, first chunk, usage."""
     answer = ctx.answer
     attrs = []
@@ -461,10 +527,8 @@ def _answer_attrs(ctx: RequestContext, attempt: Attempt) -> list[bytes]:
     first = ctx.timeline.first_content
     if first is not None:
         attrs.append(_f("gen_ai.response.time_to_first_chunk", round(first - attempt.start, 6)))
-    if answer.input_tokens is not None:
-        attrs.append(_i("gen_ai.usage.input_tokens", answer.input_tokens))
-    if answer.output_tokens is not None:
-        attrs.append(_i("gen_ai.usage.output_tokens", answer.output_tokens))
+    if usage:
+        attrs.append(usage)
     if answer.captured is not None:
         attrs.extend(_content_attrs(ctx))
     return attrs
@@ -491,9 +555,10 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
     if edge_hops:
         start_ns = min(start_ns, int(edge_hops[0][2] * 1e9))
         attrs.append(_f("gateway.edge_time_ms", _ms(tree.wall / 1e9 - edge_hops[0][2])))
-    status = otlp.STATUS_ERROR if ctx.answer.status >= 500 else otlp.STATUS_UNSET
+    answer = ctx.answer
+    status = otlp.STATUS_ERROR if answer.status >= 500 else otlp.STATUS_UNSET
     message = ""
-    error = ctx.answer.error
+    error = answer.error
     if error is not None:
         attrs.append(_s("error.type", error.code or error.type))
         message = error.message
@@ -509,17 +574,31 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
         attrs.append(_s("http.response.body.size", ctx.download_bytes))
     if ctx.object_call is not None:  # files.create, batches.retrieve, … (docs/spec.md §24)
         attrs.append(_s("gateway.object.operation", ctx.object_call[1]))
-    flags = _FLAGS | (otlp.FLAG_IS_REMOTE if trace.parent_span_id else 0)
-    parent = trace.parent_span_id.to_bytes(8, "big") if trace.parent_span_id else None
-    return otlp.span_fast(
-        otlp.span_head(trace.trace_id.to_bytes(16, "big"), trace.trace_state),
-        tree.root_id,
-        otlp.parent_field(parent),
-        otlp.name_kind(f"{ctx.method} {route_template(ctx.path)}", otlp.KIND_SERVER),
-        start_ns,
-        tree.wall + int(request_s * 1e9),
-        attrs,
-        otlp.tail(status, flags, message),
+    parent_id = trace.parent_span_id
+    if parent_id:
+        flags = _FLAGS | otlp.FLAG_IS_REMOTE
+        parent = b"\x22\x08" + parent_id.to_bytes(8, "big")
+    else:
+        flags = _FLAGS
+        parent = b""
+    head = tree.head
+    if trace.trace_state:
+        head = otlp.span_head(trace.trace_id.to_bytes(16, "big"), trace.trace_state)
+    if status == otlp.STATUS_UNSET and not message and not parent_id:
+        tail = _TAIL
+    else:
+        tail = otlp.tail(status, flags, message)
+    end_ns = tree.wall + int(request_s * 1e9)
+    return b"".join(
+        (
+            head,
+            tree.root_id,
+            parent,
+            otlp.name_kind(f"{ctx.method} {route_template(ctx.path)}", otlp.KIND_SERVER),
+            _times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
+            *attrs,
+            tail,
+        )
     )
 
 
@@ -527,40 +606,50 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
     ctx = tree.ctx
     answer = ctx.answer
     call = ctx.call
-    upstream_s = ctx.upstream_time(tree.done)
+    attempts = ctx.attempts
+    done = tree.done
+    if len(attempts) == 1:
+        a = attempts[0]
+        upstream_s = (a.end if a.end is not None else done) - a.start
+    else:
+        upstream_s = ctx.upstream_time(done)
+    backoff = ctx.timeline.backoff
+    path = ctx.path
+    key = (
+        ctx.method,
+        path,
+        ctx.scope.get("scheme", "http"),
+        route_template(path),
+        answer.status,
+        ctx.client_address,
+        ctx.cache.result,
+        call.route.name if call is not None else None,
+        ctx.model,
+        ctx.tenant,
+        len(attempts),
+    )
+    overhead = round(max(0.0, request_s - upstream_s - backoff) * 1000, 3)
     attrs = [
-        _group(
-            (
-                ctx.method,
-                ctx.path,
-                ctx.scope.get("scheme", "http"),
-                route_template(ctx.path),
-                answer.status,
-                ctx.client_address,
-                ctx.cache.result,
-                call.route.name if call is not None else None,
-                ctx.model,
-                ctx.tenant,
-                len(ctx.attempts),
-            ),
-            _ROOT_NAMES,
+        _GROUPS.get(key) or _group(key, _ROOT_NAMES),
+        _pack_root_times(
+            _F_REQUEST,
+            round(request_s * 1000, 3),
+            _F_UPSTREAM,
+            round(upstream_s * 1000, 3),
+            _F_OVERHEAD,
+            overhead,
         ),
-        _f("gateway.request_time_ms", _ms(request_s)),
-        _f("gateway.upstream_time_ms", _ms(upstream_s)),
-        _f("gateway.overhead_ms", _ms(max(0.0, request_s - upstream_s - ctx.timeline.backoff))),
         _str("gateway.request_id", ctx.request_id),
     ]
-    if ctx.timeline.backoff:  # waited between attempts: neither upstream nor gateway time
-        attrs.append(_f("gateway.backoff_ms", _ms(ctx.timeline.backoff)))
+    if backoff:  # waited between attempts: neither upstream nor gateway time
+        attrs.append(_f("gateway.backoff_ms", _ms(backoff)))
     if ctx.timeline.loop_lag is not None:  # how much of the times above was a busy loop
-        attrs.append(_f("gateway.event_loop.lag_ms", _ms(ctx.timeline.loop_lag)))
-    ttft = ctx.ttft()
-    if ttft is not None:
-        attrs.append(_f("gateway.ttft_ms", _ms(ttft)))
-    if answer.input_tokens is not None:
-        attrs.append(_i("gen_ai.usage.input_tokens", answer.input_tokens))
-    if answer.output_tokens is not None:
-        attrs.append(_i("gen_ai.usage.output_tokens", answer.output_tokens))
+        attrs.append(_F_LAG + _double(round(ctx.timeline.loop_lag * 1000, 3)))
+    first = ctx.timeline.first_content
+    if first is not None:  # ctx.ttft()
+        attrs.append(_f("gateway.ttft_ms", _ms(first - tree.received)))
+    if tree.usage:
+        attrs.append(tree.usage)
     usd = cost(ctx)  # docs/spec.md §20: from the same usage record
     if usd is not None:
         attrs.append(_f("gateway.cost_usd", usd))

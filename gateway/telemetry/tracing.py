@@ -238,11 +238,10 @@ class Tracing:
         trace = ctx.trace
         if trace is None or not trace.sampled or self.queue is None:
             return
-        self.queue.put(
-            build_spans(
-                ctx, trace, edge_hops, self.edge_hop_count, self.cache_backend, self.auth_mode
-            )
+        spans = build_spans(
+            ctx, trace, edge_hops, self.edge_hop_count, self.cache_backend, self.auth_mode
         )
+        self.queue.put_framed(otlp.frame_spans(spans), len(spans))
 
     def state(self) -> dict[str, Any]:
         if self.queue is None:

@@ -69,6 +69,9 @@ class AiohttpResponse:
         self.status = resp.status
         self.headers: RawHeaders = [(k.lower(), v) for k, v in resp.raw_headers]
 
+    def complete_body(self, limit: int) -> bytes | None:
+        return None  # the client library reads the body: always through aiter_raw
+
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         content = self._resp.content
         with map_upstream_errors(during_body=True):

@@ -51,6 +51,13 @@ class UpstreamResponse(Protocol):
         """
         ...
 
+    def complete_body(self, limit: int) -> bytes | None:
+        """The whole body, taken at once, when it is all read already and no bigger than
+        ``limit`` (a small answer usually arrives with its head); None otherwise, and nothing
+        taken — then :meth:`aiter_raw` reads it. It spares the relay an async iterator per
+        answer on the hot path."""
+        ...
+
     async def aclose(self) -> None:
         """Release the connection: back to the pool when the body was read, closed otherwise."""
         ...

@@ -141,6 +141,8 @@ class _Connection(asyncio.Protocol):
         self.reading_paused = False
         #: loop time it went back to the pool (while IDLE)
         self.idle_since = 0.0
+        #: the pool's epoch when it went back (see :meth:`H1Transport.release`)
+        self.released_in = 0
         #: the read timeout of every wait for the upstream (a head, then each body read): one
         #: timer for the connection's life, set again only when it fires early (issue 15)
         self.reading = Deadline(loop, pool.read_timeout, self._read_timed_out)
@@ -319,7 +321,8 @@ class _Connection(asyncio.Protocol):
         that is never retried (docs/spec.md §13: a reset after the request was sent). An
         upstream that closes right after a complete answer without ``Connection: close`` makes
         that race (the fault soak showed ~1 % of its requests); urllib3 and httpcore make the
-        same check before reuse. One poll(2) with timeout 0 per reuse."""
+        same check before reuse. One poll(2) with timeout 0 — asked only for a connection the
+        loop has not polled since it went idle (:meth:`H1Transport.release`)."""
         poller = self._poll
         return poller is not None and bool(poller.poll(0))
 
@@ -350,6 +353,17 @@ class H1Response:
     @property
     def done_at(self) -> float | None:
         return self._ex.done_at
+
+    def complete_body(self, limit: int) -> bytes | None:
+        ex = self._ex
+        if ex.state is not _COMPLETE or ex.unread > limit:
+            return None
+        chunks = ex.chunks
+        body = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        ex.unread = 0
+        self._conn.resume()
+        return body
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         ex = self._ex
@@ -432,6 +446,9 @@ class H1Transport:
         self._sweep: asyncio.TimerHandle | None = None
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+        #: counts the loop's turns in which connections went idle (:meth:`release`)
+        self._epoch = 0
+        self._ticking = False
 
     @property
     def open_connections(self) -> int:
@@ -515,7 +532,9 @@ class H1Transport:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if conn.reusable and not conn.peer_closed():
+            # a connection the loop polled since it went idle had its FIN read by then (it is
+            # CLOSED, not reusable); only one released in this very epoch needs the syscall
+            if conn.reusable and (conn.released_in != self._epoch or not conn.peer_closed()):
                 conn.state = _ACTIVE
                 return conn, None
             conn.close()
@@ -579,10 +598,21 @@ class H1Transport:
             return
         conn.state = _IDLE
         conn.idle_since = now = conn.loop.time()
+        conn.released_in = self._epoch
+        if not self._ticking:
+            # the epoch ends at the next turn of the loop, after the I/O poll in between: what
+            # the upstream sent before that poll (a FIN) has been read by then, with no syscall
+            # of ours. One callback per turn for all the connections released in it.
+            self._ticking = True
+            conn.loop.call_soon(self._tick)
         self._idle.append(conn)
         if self._sweep is None:
             self._sweep = conn.loop.call_at(now + self._idle_timeout, self._close_idle)
         self._wake_one()
+
+    def _tick(self) -> None:
+        self._ticking = False
+        self._epoch += 1
 
     def _forget(self, conn: _Connection) -> None:
         """A connection entered CLOSED (:meth:`_Connection._closed`, once): its place is free."""

@@ -55,6 +55,9 @@ class HttpxResponse:
         self.status = resp.status_code
         self.headers: RawHeaders = [(k.lower(), v) for k, v in resp.headers.raw]
 
+    def complete_body(self, limit: int) -> bytes | None:
+        return None  # the client library reads the body: always through aiter_raw
+
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         with map_upstream_errors(during_body=True):
             async for chunk in self._resp.aiter_raw():

@@ -30,6 +30,13 @@ class MockResponse:
         self._body = body
         self._events = events
 
+    def complete_body(self, limit: int) -> bytes | None:
+        body = self._body
+        if body is None or len(body) > limit:
+            return None
+        self._body = b""  # taken: aiter_raw yields nothing more
+        return body
+
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         if self._body is not None:
             yield self._body

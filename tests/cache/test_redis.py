@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from gateway.cache.redis import RedisStore
+from gateway.cache.cluster import ClusterClient, key_slot
+from gateway.cache.redis import RedisStore, connect
 from gateway.cache.store import CacheStore, CacheUnavailable, lock_key
 from gateway.config import CacheConfig
 from tests.redis_support import RedisCluster, RedisServer
@@ -587,8 +588,8 @@ def test_cluster_set_get_across_slots(cluster: RedisCluster) -> None:
             assert await store.get("gateway:cache:v1:default:missing") is None
 
     asyncio.run(main())
-    # redis-py would load the COMMAND table (~35 ms of event-loop CPU) on every topology
-    # refresh; the store finds its keys without it
+    # redis-py's RedisCluster would load the COMMAND table (~35 ms of event-loop CPU) on every
+    # topology refresh; gateway/cache/cluster.py routes the keys without it
     for node in cluster.servers:
         assert b"cmdstat_command:" not in node.command(b"INFO commandstats")
 
@@ -638,5 +639,77 @@ def test_cluster_node_paused_fails_its_slots_within_bound(cluster: RedisCluster)
             assert 0 < failed < len(keys)  # only the paused node's slots fail
             await asyncio.sleep(0.1)
             assert [await store.get(k) for k in keys] == [b"v"] * len(keys)
+
+    asyncio.run(main())
+
+
+def test_cluster_key_slots_are_redis_clusters() -> None:
+    """The client's own slot function (CRC16/XMODEM, hash tags) against redis-py's."""
+    from redis.crc import key_slot as redis_key_slot
+
+    keys = ["", "a", "123456789", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "{}x"]
+    keys += [f"gateway:cache:v1:default:{i:064x}" for i in range(200)]
+    for key in keys:
+        assert key_slot(key) == redis_key_slot(key.encode()), key
+        assert key_slot(key.encode()) == key_slot(key)
+
+
+def test_cluster_scripts_fall_back_to_eval_after_a_script_flush(cluster: RedisCluster) -> None:
+    async def main() -> None:
+        client = connect(cluster.url, 1.0, cluster=True)
+        try:
+            script = client.register_script("return redis.call('INCR', KEYS[1]) + ARGV[1]")
+            keys = [f"gateway:test:script:{i}" for i in range(12)]  # several slots and nodes
+            assert [await script([k], [10]) for k in keys] == [11] * len(keys)
+            for node in cluster.servers:
+                assert node.command(b"SCRIPT FLUSH") == b"+OK"
+            assert [await script([k], [10]) for k in keys] == [12] * len(keys)  # EVAL again
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def _owner(cluster: RedisCluster, key: str) -> int:
+    """The index of the node that serves ``key`` (the others answer MOVED)."""
+    owners = [
+        i
+        for i, node in enumerate(cluster.servers)
+        if not node.command(f"EXISTS {key}".encode()).startswith(b"-MOVED")
+    ]
+    assert len(owners) == 1, owners
+    return owners[0]
+
+
+def test_cluster_follows_ask_then_moved_while_a_slot_migrates(cluster: RedisCluster) -> None:
+    """A slot migrating from one node to another: a key the source no longer has is answered
+    ASK (the client sends ASKING and the command to the target); once the slot has moved, the
+    source answers MOVED (the client follows it and reloads its slot map)."""
+    key = "gateway:test:{migrating}"
+    src = _owner(cluster, key)
+    dst = (src + 1) % len(cluster.servers)
+    slot = key_slot(key)
+    ids = [node.command(b"CLUSTER MYID").decode() for node in cluster.servers]
+    source, target = cluster.servers[src], cluster.servers[dst]
+
+    async def main() -> None:
+        client = connect(cluster.url, 1.0, cluster=True)
+        assert isinstance(client, ClusterClient)
+        try:
+            assert await client.get(key) is None  # the slot map is loaded
+            assert target.command(f"CLUSTER SETSLOT {slot} IMPORTING {ids[src]}".encode()) == b"+OK"
+            assert source.command(f"CLUSTER SETSLOT {slot} MIGRATING {ids[dst]}".encode()) == b"+OK"
+            assert await client.set(key, b"moved") is True  # ASK: stored on the target
+            assert await client.get(key) == b"moved"
+            assert source.command(f"EXISTS {key}".encode()).startswith(b"-ASK")  # not there
+            for i in (dst, src, *(i for i in range(len(ids)) if i not in (src, dst))):
+                command = f"CLUSTER SETSLOT {slot} NODE {ids[dst]}".encode()
+                assert cluster.servers[i].command(command) == b"+OK"
+            assert await client.get(key) == b"moved"  # MOVED, followed
+            assert await client.get(key) == b"moved"  # the reloaded map: straight there
+            assert _owner(cluster, key) == dst
+            assert await client.delete(key) == 1
+        finally:
+            await client.aclose()
 
     asyncio.run(main())

@@ -38,6 +38,9 @@ class FakeResponse:
         self.headers: RawHeaders = headers or []
         self.closed = False
 
+    def complete_body(self, limit: int) -> bytes | None:
+        return None
+
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         yield b"{}"
 

@@ -705,8 +705,8 @@ def access_log() -> Iterator[Collect]:
 
 
 def server_logs(caplog: pytest.LogCaptureFixture, access_log: Collect) -> str:
-    """What the gateway (and its uvicorn) logged once the last model call's line is out; the
-    test's own HTTP client logs URLs (not the gateway's doing)."""
+    """What the gateway (and uvicorn's WebSocket protocol) logged once the last model call's
+    line is out; the test's own HTTP client logs URLs (not the gateway's doing)."""
     deadline = time.monotonic() + 5
     while not any("/v1/chat/completions" in m for m in access_log.messages):
         assert time.monotonic() < deadline, "no access log line for the model call"

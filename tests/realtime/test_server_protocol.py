@@ -1,5 +1,5 @@
 """gateway/realtime/server_protocol.py, the client's WebSocket hop, on real sockets behind
-gateway/http1.py (uvicorn's public Server runs it, as in tests/test_http1.py): the handshake as
+gateway/http1.py (gateway/server.py's server runs it, as in tests/test_http1.py): the handshake as
 ``websockets`` validates it, the ASGI scope and messages, refusals before the accept, 1009 for
 a message over ``max_size`` (fragmented or not), keepalive pings (answered: open; unanswered:
 1011), and the server's shutdown (1012, or the session's own drain)."""
@@ -14,15 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.context import RECEIVED_AT
-from gateway.http1 import Http1Protocol
+from gateway.http1 import Edge
 from gateway.realtime.server_protocol import CLIENT_END, READ_AT, RealtimeWebSocketProtocol
+from gateway.server import Server, bind
 from tests.realtime.test_handshake import run
-from tests.support import free_port
 
 MAX_SIZE = 1024
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
@@ -54,6 +53,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "websocket.http.response.body", "body": b"short", "more_body": True})
         await send({"type": "websocket.http.response.body", "body": b" and stout"})
         return
+    if path == "/slow":  # the app takes its time to accept (auth, the upstream's handshake)
+        await asyncio.sleep(0.6)
     if path == "/drain":
         loop = asyncio.get_running_loop()
         closing = {"type": "websocket.close", "code": 4000, "reason": "drained"}
@@ -68,24 +69,18 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({**message, "type": "websocket.send"})
 
 
-class Server:
-    def __init__(self) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            loop="uvloop",
-            http=Http1Protocol,
-            ws=RealtimeWebSocketProtocol,
-            ws_max_size=MAX_SIZE,
-            log_level="warning",
-            timeout_graceful_shutdown=5,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+class Served:
+    """gateway/server.py's server, on its own thread, with WebSocket upgrades on."""
 
-    def start(self) -> Server:
+    def __init__(self) -> None:
+        self.sock = bind("127.0.0.1", 0)
+        self.port = int(self.sock.getsockname()[1])
+        edge = Edge(app, ws_enabled=True, ws_max_size=MAX_SIZE)
+        self.server = Server(edge, self.sock, grace_s=5.0)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.stopped = False
+
+    def start(self) -> Served:
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
@@ -94,17 +89,21 @@ class Server:
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        if self.stopped:
+            return
+        self.stopped = True
+        self.server.stop()
         self.thread.join(10)
+        self.sock.close()
 
     def url(self, path: str) -> str:
         return f"ws://127.0.0.1:{self.port}{path}"
 
 
 @pytest.fixture
-def server() -> Iterator[Server]:
+def server() -> Iterator[Served]:
     SEEN.clear()
-    srv = Server().start()
+    srv = Served().start()
     yield srv
     srv.stop()
 
@@ -239,7 +238,7 @@ def test_keepalive_pings_keep_an_answering_client_and_close_a_silent_one_1011(se
     assert 0.4 < took < 3
 
 
-def sessions_at_shutdown(server: Server, path: str) -> tuple[int | None, str | None]:
+def sessions_at_shutdown(server: Served, path: str) -> tuple[int | None, str | None]:
     async def main() -> tuple[int | None, str | None]:
         async with connect(server.url(path)) as ws:
             await ws.send("x")
@@ -254,9 +253,23 @@ def sessions_at_shutdown(server: Server, path: str) -> tuple[int | None, str | N
     return got
 
 
+def test_shutdown_during_the_handshake_lets_it_finish_then_closes_1012(server):
+    async def main() -> tuple[int | None, str | None]:
+        threading.Timer(0.2, server.stop).start()  # while the app has not accepted yet
+        async with connect(server.url("/slow")) as ws:
+            with pytest.raises(ConnectionClosed):
+                await ws.recv()
+            rcvd = ws.protocol.close_rcvd
+            return (rcvd.code, rcvd.reason) if rcvd is not None else (None, None)
+
+    assert run(main()) == (1012, "")
+    ((_, _, received),) = SEEN
+    assert received[-1]["type"] == "websocket.disconnect" and received[-1]["code"] == 1012
+
+
 def test_shutdown_closes_1012_or_lets_the_session_drain(server):
     assert sessions_at_shutdown(server, "/echo") == (1012, "")
-    other = Server().start()
+    other = Served().start()
     try:
         assert sessions_at_shutdown(other, "/drain") == (4000, "drained")
     finally:

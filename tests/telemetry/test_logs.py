@@ -192,10 +192,12 @@ def test_every_line_the_process_writes_is_json_by_default(tmp_path):
         except orjson.JSONDecodeError:
             pytest.fail(f"not a JSON line: {line!r}\n" + "\n".join(lines))
     assert all(isinstance(p, dict) for p in parsed)
-    # the startup warning, uvicorn's own lines and the access log line are all among them
+    # the startup warning, the server's own lines and the access log line are all among them
     warning = [p for p in parsed if p.get("level") == "warning" and p.get("logger") == "gateway"]
     assert any("GATEWAY_TEST_UNSET_KEY_VARIABLE" in p["msg"] for p in warning), parsed
-    assert any(str(p.get("logger", "")).startswith("uvicorn") for p in parsed), parsed
+    server = [str(p.get("msg", "")) for p in parsed if p.get("logger") == "gateway"]
+    assert any(m.startswith("gateway: application startup complete") for m in server), parsed
+    assert any(m.startswith("gateway: application shutdown complete") for m in server), parsed
     assert any(p.get("path") == "/v1/chat/completions" for p in parsed), parsed
 
 

@@ -66,6 +66,38 @@ def test_json_answer_keep_alive_and_one_connection_for_many_requests(scripted):
     assert seen.header("content-length") == "2"
 
 
+def test_complete_body_takes_a_whole_answer_at_once_and_only_then(scripted):
+    """The relay's fast path: an answer read whole is taken in one call (and the connection
+    goes back to the pool); one still arriving, or bigger than the limit, is left to aiter_raw."""
+
+    async def late_body(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"late")
+        return True
+
+    whole = scripted(answering(b'{"ok": true}'))
+    late = scripted(late_body)
+    t, t_late = transport(whole.url), transport(late.url)
+
+    async def main() -> None:
+        for _ in range(3):
+            resp = await t.request("POST", whole.url + "/x", [], b"{}")
+            await asyncio.sleep(0.01)  # the body is read by then
+            assert resp.complete_body(5) is None  # over the limit: nothing taken
+            assert resp.complete_body(1024) == b'{"ok": true}'
+            assert await body_of(resp) == b""  # taken: nothing left to iterate
+        resp = await t_late.request("GET", late.url + "/x", [], None)
+        assert resp.complete_body(1024) is None  # the head came alone
+        assert await body_of(resp) == b"late"
+        await t.aclose()
+        await t_late.aclose()
+
+    run(main)
+    assert whole.connections == 1 and len(whole.requests) == 3
+
+
 def test_a_body_that_is_not_read_closes_its_connection(scripted):
     up = scripted(answering(b"x" * 10_000))
     t = transport(up.url)
@@ -295,6 +327,64 @@ def test_an_idle_connection_within_idle_timeout_is_reused(scripted):
         await t.aclose()
         await until(lambda: up.closed_connections == 1, "aclose closes the idle connection")
         assert t.open_connections == 0
+
+    run(main)
+    assert up.connections == 1
+
+
+def test_a_connection_the_upstream_closed_unannounced_is_not_reused_before_the_loop_saw_it(
+    scripted,
+):
+    """An upstream that closes right after a complete answer without ``Connection: close``:
+    its FIN is in the socket before the loop has read it (the thread blocks, as a busy loop
+    would), and the next request at once must not be written into that connection."""
+
+    async def answer_and_close(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(http_response(200, b"{}"))
+        await writer.drain()
+        return False
+
+    up = scripted(answer_and_close)
+    t = transport(up.url)
+
+    async def main() -> None:
+        for _ in range(3):
+            assert await body_of(await t.request("GET", up.url + "/models", [], None)) == b"{}"
+            deadline = time.monotonic() + 5
+            while up.closed_connections < up.connections and time.monotonic() < deadline:
+                time.sleep(0.01)  # noqa: ASYNC251 - the FIN arrives; the loop must not turn
+        await t.aclose()
+
+    run(main)
+    assert up.connections == 3 and len(up.requests) == 3
+
+
+def test_the_reuse_check_costs_a_syscall_only_within_the_turn_the_connection_went_idle(
+    scripted, monkeypatch
+):
+    from gateway.transports import h1_impl
+
+    checks: list[int] = []
+    real = h1_impl._Connection.peer_closed
+
+    def counted(self: Any) -> bool:
+        checks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(h1_impl._Connection, "peer_closed", counted)
+    up = scripted(answering(b"{}"))
+    t = transport(up.url)
+
+    async def main() -> None:
+        assert await body_of(await t.request("GET", up.url + "/m", [], None)) == b"{}"
+        # reused at once, in the turn it went idle: the loop has not polled it, poll(2) asks
+        assert await body_of(await t.request("GET", up.url + "/m", [], None)) == b"{}"
+        assert len(checks) == 1
+        await asyncio.sleep(0)  # a turn of the loop (its I/O poll) between release and reuse
+        await asyncio.sleep(0)
+        assert await body_of(await t.request("GET", up.url + "/m", [], None)) == b"{}"
+        assert len(checks) == 1
+        await t.aclose()
 
     run(main)
     assert up.connections == 1
