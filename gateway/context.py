@@ -42,6 +42,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 #: the ASGI scope key under which the server puts ``time.perf_counter()`` of the moment the
 #: request's first byte was read from the client socket (absent: the first ASGI event is used)
 RECEIVED_AT = "gateway.received_at"
+#: a key of an ``http.response.start`` message: True when the app sends the body in the same
+#: step (a whole answer), so the server holds the head for it without a flush of its own
+BODY_FOLLOWS = "gateway.body_follows"
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError

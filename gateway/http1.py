@@ -59,7 +59,7 @@ from typing import Any, cast
 
 import httptools
 
-from gateway.context import RECEIVED_AT
+from gateway.context import BODY_FOLLOWS, RECEIVED_AT
 from gateway.deadline import Deadline
 from gateway.errors import error_body
 from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
@@ -327,6 +327,8 @@ class Exchange:
             self.response_started = True
             self.waiting_for_100_continue = False
             self._start(message["status"], message.get("headers", ()))
+            if not message.get(BODY_FOLLOWS):  # else the body's write takes the head along
+                self._flush = conn.loop.call_soon(self._flush_head)
             return
         if self.response_complete or kind != "http.response.body":
             raise RuntimeError(f"Unexpected ASGI message {kind!r}")
@@ -372,7 +374,6 @@ class Exchange:
         self.chunked = chunked and not self.head_only
         self._left = length if not chunked and not self.head_only else None
         self._held = b"".join(parts)
-        self._flush = conn.loop.call_soon(self._flush_head)
 
     def _flush_head(self) -> None:
         held, self._held, self._flush = self._held, None, None

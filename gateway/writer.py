@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import orjson
 
-from gateway.context import RequestContext
+from gateway.context import BODY_FOLLOWS, RequestContext
 from gateway.errors import GatewayError
 from gateway.types import RawHeaders, Send
 
@@ -36,7 +36,9 @@ class ResponseWriter:
         self.started = False
         self.finished = False
 
-    async def start(self, status: int, headers: RawHeaders) -> None:
+    async def start(self, status: int, headers: RawHeaders, follows: bool = False) -> None:
+        """The response head; ``follows``: the body is sent right after it, in the same step
+        (the server writes both at once without a flush of the head's own)."""
         ctx = self._ctx
         ctx.timeline.client_first_byte = time.perf_counter()
         headers.extend(ctx.response_headers)
@@ -44,7 +46,10 @@ class ResponseWriter:
             headers.extend(self._hook(ctx))
         ctx.answer.status = status
         self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        message = {"type": "http.response.start", "status": status, "headers": headers}
+        if follows:
+            message[BODY_FOLLOWS] = True
+        await self._send(message)
 
     async def body(self, data: bytes, more: bool = False) -> None:
         """One body message; the last one (``more=False``) stamps ``done``."""
@@ -58,7 +63,7 @@ class ResponseWriter:
     async def whole(self, status: int, headers: RawHeaders, body: bytes) -> None:
         """A complete answer in one go (``content-length`` added here)."""
         headers.append((b"content-length", str(len(body)).encode()))
-        await self.start(status, headers)
+        await self.start(status, headers, follows=True)
         await self.body(body)
 
     async def json(self, status: int, obj: object) -> None:

@@ -199,3 +199,66 @@ def test_an_invalid_header_from_the_app_closes_without_a_byte_of_it(port, path):
         return rest
 
     assert asyncio.run(scenario()) == b""
+
+
+class _Wire:
+    """A transport that records each write call (what the socket would get per syscall)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, parts: Any) -> None:
+        self.writes.append(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, key: str) -> Any:
+        return ("127.0.0.1", 1)
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("follows", [True, False])
+def test_a_whole_answer_is_one_write_and_a_lone_head_leaves_when_the_step_ends(follows: bool):
+    """``gateway.body_follows`` on the head (what ResponseWriter.whole sends): no flush of its
+    own, the body's write takes it (held even across a step); without it, a head no body
+    follows in the same step goes out alone when the step ends, and the body after it."""
+    from gateway.context import BODY_FOLLOWS
+    from gateway.http1 import Http1Protocol
+
+    async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        start = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"x-a", b"1"), (b"content-length", b"2")],
+        }
+        if follows:
+            start[BODY_FOLLOWS] = True
+        await send(start)
+        await asyncio.sleep(0.01)  # the step ends: the head leaves alone unless held for the body
+        await send({"type": "http.response.body", "body": b"hi"})
+
+    async def scenario() -> list[bytes]:
+        wire = _Wire()
+        conn = Http1Protocol(Edge(answer), asyncio.get_running_loop())
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        conn.data_received(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+        await until(lambda: conn.edge.total_requests == 1, "answered")
+        return wire.writes
+
+    writes = asyncio.run(scenario())
+    assert len(writes) == (1 if follows else 2)
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"x-a: 1\r\n" in writes[0]
+    assert b"".join(writes).endswith(b"\r\n\r\nhi")

@@ -398,14 +398,14 @@ class RecordingWriter(ResponseWriter):
         self._ownership: Ownership | None = ownership
         self._ttl = ttl_s
 
-    async def start(self, status: int, headers: RawHeaders) -> None:
+    async def start(self, status: int, headers: RawHeaders, follows: bool = False) -> None:
         ownership = self._ownership
         if ownership is not None:
             if status != 200:
                 self._ownership = None  # an error answer: nothing was made
             elif (rid := self._ctx.answer.response_id) is not None:
                 await self._record(ownership, rid)
-        await super().start(status, headers)
+        await super().start(status, headers, follows)
 
     async def body(self, data: bytes, more: bool = False) -> None:
         ownership = self._ownership
