@@ -28,7 +28,9 @@ What it does, and how:
   request's first byte, before parsing and before the app's task exists.
 - **one write per answer**: a response head is held until the first body write of the same
   event-loop step and leaves with it, so a whole answer (and a stream's first event) is one
-  ``write``; a head no body follows in that step goes out when the step ends.
+  ``write``; a head no body follows in that step goes out when the step ends. A head whose
+  message says ``gateway.body_follows`` (:data:`gateway.context.BODY_FOLLOWS`, what
+  ``ResponseWriter.whole`` sends) waits for its body without that end-of-step flush.
 - **backpressure**: a request body over 64 KiB not yet taken by the app pauses reading;
   ``pause_writing`` from the transport makes the app's next ``send`` wait for the buffer.
 - **a client that goes away**: the app's ``receive()`` gives ``http.disconnect`` (the request
