@@ -25,8 +25,11 @@ MAGIC = b"GWC1"
 _LEN = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
+    """One cached answer; treated as immutable once made (not frozen: a frozen dataclass's
+    ``__init__`` costs a call per field, and every hit of a shared store builds one)."""
+
     stored_at: float
     operation: str
     body: bytes

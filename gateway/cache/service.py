@@ -26,9 +26,15 @@ from gateway.cache.keys import (
 from gateway.cache.replay import Entry, StreamCollector
 from gateway.cache.store import CacheStore, CacheUnavailable
 from gateway.config import CacheConfig
+from gateway.memo import remember
 
 if TYPE_CHECKING:
     from gateway.context import Call, RequestContext
+
+#: decoded entries of the memory store kept for its hits: at most this many, each at most this
+#: large (the entry's body is a copy, so this bounds the memory they add)
+_DECODED_MAX = 256
+_DECODED_VALUE_MAX = 64 * 1024
 
 
 class CacheStats:
@@ -95,6 +101,11 @@ class ResponseCache:
         self.stats = CacheStats()
         self._ttl = cfg.ttl_s
         self._flight_wait = cfg.flight_wait_ms / 1000
+        #: the memory store hands back the very bytes it was given: a hit reuses the entry
+        #: decoded from them before (checked by identity), instead of decoding it again
+        self._decoded: dict[str, tuple[bytes, Entry]] | None = (
+            {} if store is not None and store.name == "memory" else None
+        )
 
     def _bypass(self, ctx: RequestContext, error: bool = False) -> Lookup:
         ctx.cache.result = "bypass"
@@ -144,7 +155,7 @@ class ResponseCache:
                         raw = await store.get(key)
                 except CacheUnavailable:
                     return self._bypass(ctx, error=True)
-                entry = Entry.decode(raw) if raw is not None else None
+                entry = self._decode(key, raw) if raw is not None else None
                 if entry is not None and (
                     directives.max_age is None
                     or time.time() - entry.stored_at <= directives.max_age
@@ -159,6 +170,18 @@ class ResponseCache:
             return Lookup(plan=plan)
         finally:
             outcome.lookup_end = time.perf_counter()
+
+    def _decode(self, key: str, raw: bytes) -> Entry | None:
+        memo = self._decoded
+        if memo is None:
+            return Entry.decode(raw)
+        known = memo.get(key)
+        if known is not None and known[0] is raw:
+            return known[1]
+        entry = Entry.decode(raw)
+        if entry is not None and len(raw) <= _DECODED_VALUE_MAX:
+            remember(memo, key, (raw, entry), _DECODED_MAX)
+        return entry
 
     def _miss(self, ctx: RequestContext, call: Call, key: str) -> CachePlan:
         self.stats.miss += 1
