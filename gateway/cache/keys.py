@@ -59,24 +59,23 @@ def _normalise(value: Any) -> Any:
     return value
 
 
-def _has_integral_float(value: Any) -> bool:
-    """Whether ``_normalise`` would change anything in ``value`` (a walk that copies nothing).
+def _has_integral_float(payload: dict[str, Any]) -> bool:
+    """Whether ``_normalise`` would change anything in ``payload`` (a walk that copies nothing).
 
-    Strings, the bulk of a request (messages), are passed over without a call each.
+    Iterative, and strings — the bulk of a request (messages) — are passed over inline.
     """
-    cls = type(value)
-    if cls is dict:
-        values: Any = value.values()
-    elif cls is list:
-        values = value
-    else:
-        return cls is float and value.is_integer() and _INT_MIN <= value < _INT_MAX
-    for v in values:
-        vcls = type(v)
-        if vcls is str or vcls is int or vcls is bool or v is None:
-            continue
-        if _has_integral_float(v):
-            return True
+    pending: list[Any] = [payload]
+    while pending:
+        container = pending.pop()
+        for v in container.values() if type(container) is dict else container:
+            cls = type(v)
+            if cls is str or cls is int or cls is bool or v is None:
+                continue
+            if cls is float:
+                if v.is_integer() and _INT_MIN <= v < _INT_MAX:
+                    return True
+            elif cls is dict or cls is list:
+                pending.append(v)
     return False
 
 
