@@ -14,12 +14,15 @@ Wire format (version 1)::
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from gateway.types import RawHeaders
 
 MAGIC = b"GWC1"
 _LEN = struct.Struct(">I")
@@ -37,6 +40,11 @@ class Entry:
     chunks: list[bytes] | None
     #: the answer's (input, output) token counts, so a hit needs no parse of the body
     tokens: tuple[int | None, int | None] = (None, None)
+    #: the body in the Content-Encodings hits asked for, made on the first such hit (coding ->
+    #: encoded body, its headers): an entry kept between hits is compressed once per coding
+    encoded: dict[str, tuple[bytes, RawHeaders]] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     def encode(self) -> bytes:
         meta = orjson.dumps(
