@@ -31,10 +31,11 @@ from gateway.memo import remember
 if TYPE_CHECKING:
     from gateway.context import Call, RequestContext
 
-#: decoded entries kept for later hits: at most this many, each at most this large (an entry's
-#: body is a copy of the stored bytes, so this bounds the memory they add)
+#: decoded entries kept for later hits: at most this many, each of at most this many stored
+#: bytes. What they add — the body's copy, the compressed forms and synthesised SSE events the
+#: entry keeps (cache/replay.py) — is a few times 8 MiB at worst, a few KiB per answer usually
 _DECODED_MAX = 256
-_DECODED_VALUE_MAX = 64 * 1024
+_DECODED_VALUE_MAX = 32 * 1024
 #: the ``Age`` header values of the first hour, made once
 _AGES_MADE = 3600
 _AGES = tuple(b"%d" % age for age in range(_AGES_MADE))
