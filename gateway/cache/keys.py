@@ -108,7 +108,7 @@ def _field(data: bytes | None) -> bytes:
 _SEED = hashlib.sha256(b"llm-gateway cache key v1\x00")
 #: (path, query, org, project, scope) -> the digest state after those fields: per request only
 #: the body's field is hashed (a copy of the state, one update). Bounded: the values are the
-#: client's (docs/architecture.md, "memo tables"); long ones are hashed each time
+#: client's (gateway/memo.py); long ones are hashed each time
 _HEADS: dict[tuple[str, bytes, bytes | None, bytes | None, str | None], Any] = {}
 _HEADS_MAX = 1024
 _HEAD_VALUE_MAX = 512
