@@ -143,7 +143,7 @@ async def replay(
     if call.stream and entry.operation != "embeddings":
         await replay_sse(ctx, replay_events(entry, call.wants_usage()), out, receive)
     else:
-        await replay_json(ctx, entry.body, out)
+        await replay_json(ctx, entry.body, out, entry)
     ctx.answer.input_tokens, ctx.answer.output_tokens = entry.tokens
 
 

@@ -30,16 +30,26 @@ class Flight:
         self.entry: Entry | None = None
         #: the SSE error event the leader ended with, when its stream was cut
         self.error_event: bytes | None = None
-        self._wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: made when someone first waits (most flights have no follower): a leader with no
+        #: follower creates no future at all, however many events it publishes
+        self._wake: asyncio.Future[None] | None = None
 
     def _notify(self) -> None:
-        wake, self._wake = self._wake, asyncio.get_running_loop().create_future()
-        if not wake.done():
+        wake, self._wake = self._wake, None
+        if wake is not None and not wake.done():
             wake.set_result(None)
+
+    def _next(self) -> asyncio.Future[None]:
+        """What the next publish or the finish resolves."""
+        wake = self._wake
+        if wake is None:
+            wake = self._wake = asyncio.get_running_loop().create_future()
+        return wake
 
     def publish(self, kind: int, raw: bytes) -> None:
         self.events.append((kind, raw))
-        self._notify()
+        if self._wake is not None:
+            self._notify()
 
     def finish(self, entry: Entry | None, error_event: bytes | None = None) -> None:
         self.entry = entry
@@ -49,11 +59,11 @@ class Flight:
 
     async def changed(self) -> None:
         """Until the next publish or the finish."""
-        await asyncio.shield(self._wake)
+        await asyncio.shield(self._next())
 
     async def wait(self) -> Entry | None:
         while not self.finished:
-            await asyncio.shield(self._wake)
+            await asyncio.shield(self._next())
         return self.entry
 
     async def tail(self) -> AsyncIterator[tuple[int, bytes]]:
@@ -65,7 +75,7 @@ class Flight:
                 i += 1
             if self.finished:
                 return
-            await asyncio.shield(self._wake)
+            await asyncio.shield(self._next())
 
 
 class Flights:

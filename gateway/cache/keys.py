@@ -59,26 +59,84 @@ def _normalise(value: Any) -> Any:
     return value
 
 
+def _has_integral_float(payload: dict[str, Any]) -> bool:
+    """Whether ``_normalise`` would change anything in ``payload`` (a walk that copies nothing).
+
+    Iterative, and strings — the bulk of a request (messages) — are passed over inline.
+    """
+    pending: list[Any] = [payload]
+    while pending:
+        container = pending.pop()
+        for v in container.values() if type(container) is dict else container:
+            cls = type(v)
+            if cls is str or cls is int or cls is bool or v is None:
+                continue
+            if cls is float:
+                if v.is_integer() and _INT_MIN <= v < _INT_MAX:
+                    return True
+            elif cls is dict or cls is list:
+                pending.append(v)
+    return False
+
+
 def canonical_json(payload: dict[str, Any]) -> bytes:
     """Sorted keys, no whitespace, without top-level ``stream``/``stream_options``.
 
     Does not mutate ``payload``. Raises ``TypeError`` (orjson.JSONEncodeError) for values
-    JSON cannot hold, which a body parsed with orjson never contains.
+    JSON cannot hold, which a body parsed with orjson never contains. The usual request has no
+    integral float and no form field: it is serialised as it is, without a copy.
     """
-    body = {k: _normalise(v) for k, v in payload.items() if k not in _FORM_FIELDS}
+    body = payload
+    if "stream" in body or "stream_options" in body:
+        body = {k: v for k, v in body.items() if k not in _FORM_FIELDS}
+    if _has_integral_float(body):
+        body = {k: _normalise(v) for k, v in body.items()}
     return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
 # ---------------------------------------------------------------- keys
 
 
-def _field(digest: Any, data: bytes | None) -> None:
+def _field(data: bytes | None) -> bytes:
     # 0x00 = absent; 0x01 + 8-byte big-endian length + bytes = present (maybe empty)
     if data is None:
-        digest.update(b"\x00")
-    else:
-        digest.update(b"\x01" + len(data).to_bytes(8, "big"))
-        digest.update(data)
+        return b"\x00"
+    return b"\x01" + len(data).to_bytes(8, "big") + data
+
+
+#: the digest state after the constant prefix
+_SEED = hashlib.sha256(b"llm-gateway cache key v1\x00")
+#: (path, query, org, project, scope) -> the digest state after those fields: per request only
+#: the body's field is hashed (a copy of the state, one update). Bounded: the values are the
+#: client's (gateway/memo.py); long ones are hashed each time
+_HEADS: dict[tuple[str, bytes, bytes | None, bytes | None, str | None], Any] = {}
+_HEADS_MAX = 1024
+_HEAD_VALUE_MAX = 512
+
+
+def _head(
+    path: str, query: bytes, org: bytes | None, project: bytes | None, scope: str | None
+) -> Any:
+    """The digest state after every field but the body (remembered per distinct value set)."""
+    memo_key = (path, query, org, project, scope)
+    head = _HEADS.get(memo_key)
+    if head is None:
+        head = _SEED.copy()
+        head.update(
+            b"".join(
+                (
+                    _field(path.encode()),
+                    _field(query),
+                    _field(org),
+                    _field(project),
+                    _field(None if scope is None else scope.encode()),
+                )
+            )
+        )
+        size = len(path) + len(query) + len(org or b"") + len(project or b"") + len(scope or "")
+        if size <= _HEAD_VALUE_MAX:
+            remember(_HEADS, memo_key, head, _HEADS_MAX)
+    return head
 
 
 def _forwarded(headers: Mapping[str, str] | None) -> tuple[bytes | None, bytes | None]:
@@ -117,13 +175,10 @@ def cache_key(
     forwarded upstream.
     """
     org, project = _forwarded(headers)
-    digest = hashlib.sha256(b"llm-gateway cache key v1\x00")
-    _field(digest, path.encode())
-    _field(digest, query)
-    _field(digest, org)
-    _field(digest, project)
-    _field(digest, None if scope is None else scope.encode())
-    _field(digest, canonical_json(payload))
+    digest = _head(path, query, org, project, scope).copy()
+    body = canonical_json(payload)
+    digest.update(b"\x01" + len(body).to_bytes(8, "big"))
+    digest.update(body)
     # {…} is a Redis Cluster hash tag: the entry and its lock (key + ":lock") share a slot, so
     # one script can read the entry and take the lock in a single round trip
     return f"{KEY_PREFIX}{namespace}:{{{digest.hexdigest()}}}"

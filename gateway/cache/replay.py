@@ -14,6 +14,7 @@ Wire format (version 1)::
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,12 +22,17 @@ from typing import Any
 
 import orjson
 
+from gateway.types import RawHeaders
+
 MAGIC = b"GWC1"
 _LEN = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
+    """One cached answer; treated as immutable once made (not frozen: a frozen dataclass's
+    ``__init__`` costs a call per field, and every hit of a shared store builds one)."""
+
     stored_at: float
     operation: str
     body: bytes
@@ -34,6 +40,17 @@ class Entry:
     chunks: list[bytes] | None
     #: the answer's (input, output) token counts, so a hit needs no parse of the body
     tokens: tuple[int | None, int | None] = (None, None)
+    #: the body in the Content-Encodings hits asked for, made on the first such hit (coding ->
+    #: encoded body, its headers): an entry kept between hits is compressed once per coding
+    encoded: dict[str, tuple[bytes, RawHeaders]] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    #: the SSE events synthesised from the JSON answer (no stream filled the entry), and its
+    #: usage event (``b""``: none), made on the first streaming hit that needs them
+    synthesised: tuple[bytes, ...] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    usage_sse: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def encode(self) -> bytes:
         meta = orjson.dumps(
@@ -192,31 +209,40 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def replay_events(entry: Entry, include_usage: bool) -> Iterator[bytes]:
-    """The SSE events of a cached answer, for a streaming request (each one event)."""
-    answer: dict[str, Any] | None = None
+    """The SSE events of a cached answer, for a streaming request (each one event).
+
+    What is synthesised from the JSON answer is made once per entry (kept on it), not per hit.
+    """
     if entry.chunks is not None:
         for data in entry.chunks:
             yield sse(data)
     else:
-        answer = orjson.loads(entry.body)
-        yield from _synthesised_chunks(entry.operation, answer)
+        synthesised = entry.synthesised
+        if synthesised is None:
+            answer = orjson.loads(entry.body)
+            synthesised = entry.synthesised = tuple(_synthesised_chunks(entry.operation, answer))
+        yield from synthesised
     if include_usage:
-        usage = usage_event(entry, answer)
+        usage = usage_event(entry)
         if usage is not None:
             yield usage
     yield DONE_EVENT
 
 
-def usage_event(entry: Entry, answer: dict[str, Any] | None = None) -> bytes | None:
-    """The ``choices: []`` usage chunk of ``stream_options.include_usage``, when usage is known."""
-    if answer is None:
-        answer = orjson.loads(entry.body)
-    if not isinstance(answer.get("usage"), dict):
-        return None
+def usage_event(entry: Entry) -> bytes | None:
+    """The ``choices: []`` usage chunk of ``stream_options.include_usage``, when usage is known
+    (made once per entry)."""
+    usage = entry.usage_sse
+    if usage is None:
+        usage = entry.usage_sse = _usage_event(entry.operation, orjson.loads(entry.body))
+    return usage or None
+
+
+def _usage_event(operation: str, answer: Any) -> bytes:
+    if not isinstance(answer, dict) or not isinstance(answer.get("usage"), dict):
+        return b""
     return sse(
-        orjson.dumps(
-            {**_chunk_base(entry.operation, answer), "choices": [], "usage": answer["usage"]}
-        )
+        orjson.dumps({**_chunk_base(operation, answer), "choices": [], "usage": answer["usage"]})
     )
 
 

@@ -26,9 +26,19 @@ from gateway.cache.keys import (
 from gateway.cache.replay import Entry, StreamCollector
 from gateway.cache.store import CacheStore, CacheUnavailable
 from gateway.config import CacheConfig
+from gateway.memo import remember
 
 if TYPE_CHECKING:
     from gateway.context import Call, RequestContext
+
+#: decoded entries kept for later hits: at most this many, each of at most this many stored
+#: bytes. What they add — the body's copy, the compressed forms and synthesised SSE events the
+#: entry keeps (cache/replay.py) — is a few times 8 MiB at worst, a few KiB per answer usually
+_DECODED_MAX = 256
+_DECODED_VALUE_MAX = 32 * 1024
+#: the ``Age`` header values of the first hour, made once
+_AGES_MADE = 3600
+_AGES = tuple(b"%d" % age for age in range(_AGES_MADE))
 
 
 class CacheStats:
@@ -95,6 +105,14 @@ class ResponseCache:
         self.stats = CacheStats()
         self._ttl = cfg.ttl_s
         self._flight_wait = cfg.flight_wait_ms / 1000
+        self._mode = cfg.mode
+        self._namespace = cfg.namespace
+        self._global = cfg.scope == "global"
+        self._max_entry_bytes = cfg.max_entry_bytes
+        #: key -> the bytes last decoded for it and their entry: a hit whose store hands back
+        #: the same bytes (the very object, from the memory store; equal ones, from Redis)
+        #: reuses that entry, with the compressed forms earlier hits made of it
+        self._decoded: dict[str, tuple[bytes, Entry]] = {}
 
     def _bypass(self, ctx: RequestContext, error: bool = False) -> Lookup:
         ctx.cache.result = "bypass"
@@ -111,19 +129,17 @@ class ResponseCache:
         if store is None:
             return NOTHING
         payload = call.payload
-        if not is_cacheable(call.operation, payload, self.cfg.mode, call.path):
+        if not is_cacheable(call.operation, payload, self._mode, call.path):
             return self._bypass(ctx)
         directives = parse_cache_control(ctx.cache_control) if ctx.cache_control else NO_DIRECTIVES
         if directives.no_store:
             return self._bypass(ctx)
         key = cache_key(
-            namespace=self.cfg.namespace,
+            namespace=self._namespace,
             path=ctx.path,
             query=ctx.query,
             payload=payload,
-            scope=(
-                None if self.cfg.scope == "global" else credential_scope(ctx.tenant, ctx.credential)
-            ),
+            scope=None if self._global else credential_scope(ctx.tenant, ctx.credential),
             headers=ctx.forwarded_org,
         )
         outcome = ctx.cache
@@ -144,7 +160,7 @@ class ResponseCache:
                         raw = await store.get(key)
                 except CacheUnavailable:
                     return self._bypass(ctx, error=True)
-                entry = Entry.decode(raw) if raw is not None else None
+                entry = self._decode(key, raw) if raw is not None else None
                 if entry is not None and (
                     directives.max_age is None
                     or time.time() - entry.stored_at <= directives.max_age
@@ -160,6 +176,15 @@ class ResponseCache:
         finally:
             outcome.lookup_end = time.perf_counter()
 
+    def _decode(self, key: str, raw: bytes) -> Entry | None:
+        known = self._decoded.get(key)
+        if known is not None and (known[0] is raw or known[0] == raw):
+            return known[1]
+        entry = Entry.decode(raw)
+        if entry is not None and len(raw) <= _DECODED_VALUE_MAX:
+            remember(self._decoded, key, (raw, entry), _DECODED_MAX)
+        return entry
+
     def _miss(self, ctx: RequestContext, call: Call, key: str) -> CachePlan:
         self.stats.miss += 1
         ctx.cache.result = "miss"
@@ -168,7 +193,7 @@ class ResponseCache:
         if self.flights.get(key) is None:
             plan.flight = self.flights.lead(key, call.stream)
         if call.stream:
-            plan.collector = StreamCollector(call.operation, self.cfg.max_entry_bytes)
+            plan.collector = StreamCollector(call.operation, self._max_entry_bytes)
         return plan
 
     def plan_for_follower(self, ctx: RequestContext, call: Call) -> CachePlan | None:
@@ -196,7 +221,7 @@ class ResponseCache:
         ctx.cache.result = "hit"
         age = max(0, int(time.time() - entry.stored_at)) if entry is not None else 0
         ctx.response_headers.append((b"x-gateway-cache", b"HIT"))
-        ctx.response_headers.append((b"age", str(age).encode()))
+        ctx.response_headers.append((b"age", _AGES[age] if age < _AGES_MADE else b"%d" % age))
 
     async def complete(
         self,
@@ -208,12 +233,13 @@ class ResponseCache:
         """After the response: store a complete, valid answer; release followers and the lock."""
         outcome = ctx.cache
         try:
-            if entry is not None and len(entry.body) <= self.cfg.max_entry_bytes:
+            limit = self._max_entry_bytes
+            if entry is not None and len(entry.body) <= limit:
                 assert self.store is not None
                 outcome.store_start = time.perf_counter()
                 try:
                     value = entry.encode()
-                    if len(value) <= self.cfg.max_entry_bytes:
+                    if len(value) <= limit:
                         if plan.lock_token is not None:  # store and release: one round trip
                             token, plan.lock_token = plan.lock_token, None
                             await self.store.set_and_unlock(plan.key, value, self._ttl, token)

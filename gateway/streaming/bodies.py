@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from gateway.cache.replay import Entry
 from gateway.context import Attempt, RequestContext
 from gateway.encoding import (
     MIN_COMPRESS_BYTES,
@@ -137,10 +138,24 @@ async def _stream_rest(
     await out.body(encoder.encode(rest) + encoder.finish())
 
 
-async def replay_json(ctx: RequestContext, body: bytes, out: ResponseWriter) -> None:
-    """A cached JSON answer."""
+async def replay_json(
+    ctx: RequestContext, body: bytes, out: ResponseWriter, entry: Entry | None = None
+) -> None:
+    """A cached JSON answer; compressed at most once per coding for its ``entry``."""
     headers: RawHeaders = [_JSON]
-    await out.whole(200, headers, encode_body(body, ctx.coding, headers, ctx.accept_encoding))
+    coding = ctx.coding
+    if entry is None or coding == "identity" or len(body) < MIN_COMPRESS_BYTES:
+        await out.whole(200, headers, encode_body(body, coding, headers, ctx.accept_encoding))
+        return
+    memo = entry.encoded
+    if memo is None:
+        memo = entry.encoded = {}
+    done = memo.get(coding)
+    if done is None:
+        extra: RawHeaders = []
+        done = memo[coding] = (encode_body(body, coding, extra, ctx.accept_encoding), extra)
+    headers.extend(done[1])
+    await out.whole(200, headers, done[0])
 
 
 async def relay_raw(

@@ -141,6 +141,34 @@ def test_key_shape() -> None:
     assert key() == key()  # stable
 
 
+def test_keys_are_those_earlier_versions_wrote() -> None:
+    """Entries already in Redis stay reachable: the v1 key of fixed inputs never changes (twice
+    each: the second call goes through the remembered digest state)."""
+    for _ in range(2):
+        assert key() == (
+            "gateway:cache:v1:default:"
+            "{1be6310196163ce6324e446f78b64a6a2f59afab7af6c7b9c91eb49ea44b8898}"
+        )
+        other = key(
+            namespace="ns",
+            path="/v1/embeddings",
+            query=b"a=1",
+            payload={**CHAT, "temperature": 0.0, "stream": True, "top_p": 0.5},
+            scope=None,
+            headers={"OpenAI-Organization": "org-1", "OpenAI-Project": ""},
+        )
+        assert other == (
+            "gateway:cache:v1:ns:{89f751f5ea414676e52ba60a50fde08daf915dc080e5e01607a91e8e976cdbce}"
+        )
+
+
+def test_remembered_digest_states_are_bounded() -> None:
+    for i in range(keys._HEADS_MAX + 10):
+        key(scope=f"t:{i}")
+    assert len(keys._HEADS) <= keys._HEADS_MAX
+    assert key(query=b"q" * 4096) not in {key(query=b"q" * 4095), key()}  # long: not remembered
+
+
 def test_scopes_never_collide() -> None:
     seen = {
         key(scope=None),

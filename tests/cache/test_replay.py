@@ -77,6 +77,7 @@ def test_a_stream_filled_entry_replays_its_own_chunks_then_usage_when_asked():
     assert with_usage[:-2] == STREAM and with_usage[-1] == b"[DONE]"
     usage = orjson.loads(with_usage[-2])
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2
+    assert datas(list(replay_events(entry, include_usage=True))) == with_usage  # kept: the same
 
 
 def test_a_json_filled_entry_replays_as_a_stream():
@@ -95,7 +96,10 @@ def test_a_json_filled_entry_replays_as_a_stream():
             ],
         }
     )
-    events = list(replay_events(Entry(1.0, "chat", body, None), include_usage=True))
+    entry = Entry(1.0, "chat", body, None)
+    events = list(replay_events(entry, include_usage=True))
+    assert entry.synthesised is not None  # made once, kept for the entry's next hits
+    assert list(replay_events(entry, include_usage=True)) == events
     assert events[-1] == DONE_EVENT
     chunks = [orjson.loads(d) for d in datas(events[:-1])]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Hi"

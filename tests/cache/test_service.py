@@ -198,3 +198,31 @@ def test_entries_over_max_entry_bytes_are_not_stored():
         assert (await c.lookup(again, call2)).entry is None and ctx.cache.stored is None
 
     asyncio.run(main())
+
+
+def test_hits_reuse_the_entry_decoded_from_the_same_bytes_and_no_other():
+    async def main() -> None:
+        c = cache()
+        assert c.store is not None
+        ctx, call = request(CHAT)
+        plan = (await c.lookup(ctx, call)).plan
+        assert plan is not None
+        await c.complete(ctx, plan, json_entry(ctx, call, ANSWER))
+        one = (await c.lookup(*request(CHAT))).entry
+        two = (await c.lookup(*request(CHAT))).entry
+        assert one is not None and one is two and one.body == ANSWER
+        # equal bytes in a new object (as Redis hands back): still the entry decoded before
+        raw = await c.store.get(plan.key)
+        assert raw is not None
+        await c.store.set(plan.key, bytes(bytearray(raw)), 60)
+        assert (await c.lookup(*request(CHAT))).entry is one
+        # other bytes under the key: decoded anew
+        other = Entry(1.0, "chat", b'{"other":1}', None)
+        await c.store.set(plan.key, other.encode(), 60)
+        three = (await c.lookup(*request(CHAT))).entry
+        assert three is not None and three is not one and three.body == b'{"other":1}'
+        # another tenant's identical request never sees that entry
+        foreign, call2 = request(CHAT, [(b"authorization", b"Bearer sk-other")])
+        assert (await c.lookup(foreign, call2)).entry is None
+
+    asyncio.run(main())
