@@ -12,20 +12,18 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pytest
 
-from gateway.app import Gateway
 from gateway.config import Config
 from gateway.context import RECEIVED_AT, RequestContext, Timeline
-from gateway.server import Server, bind, edge_for
 from tests.support import (
     LAST_CHUNK,
+    GatewayServer,
     ScriptedUpstream,
     SeenRequest,
     chat_chunk,
@@ -57,45 +55,6 @@ ANSWER = orjson.dumps(
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hello"}]}'
 STREAM_BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}'
 QUIET = '[logging]\naccess_log = "all"\n[cache]\nbackend = "off"\n[tracing]\nexporter = "none"\n'
-
-
-class _Served:
-    """The gateway as ``gateway serve`` runs it (gateway/server.py, gateway/http1.py), in a
-    thread."""
-
-    def __init__(self, config: Config) -> None:
-        self.sock = bind("127.0.0.1", 0)
-        self.port = self.sock.getsockname()[1]
-        self.server = Server(edge_for(config, Gateway(config)), self.sock, grace_s=2.0)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> _Served:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("gateway did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.stop()
-        self.thread.join(10)
-        self.sock.close()
-
-
-@pytest.fixture
-def served() -> Iterator[Callable[[Config], _Served]]:
-    started: list[_Served] = []
-
-    def start(config: Config) -> _Served:
-        s = _Served(config).__enter__()
-        started.append(s)
-        return s
-
-    yield start
-    for s in reversed(started):
-        s.__exit__()
 
 
 def _head(path: str, body: bytes) -> bytes:
@@ -160,11 +119,11 @@ def _slow_answer(delay: float) -> Callable[[SeenRequest, asyncio.StreamWriter], 
 
 
 def test_upstream_time_is_the_upstreams_and_the_rest_is_overhead(
-    served: Callable[[Config], _Served], access_lines: list[dict[str, Any]]
+    gateway: Callable[[Config], GatewayServer], access_lines: list[dict[str, Any]]
 ) -> None:
     up = ScriptedUpstream(_slow_answer(UPSTREAM_DELAY_S))
     with running(up):
-        gw = served(config_for(up.url, QUIET))
+        gw = gateway(config_for(up.url, QUIET))
         with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
             t0 = time.perf_counter()
             sock.sendall(_head("/v1/chat/completions", BODY) + BODY)
@@ -190,13 +149,13 @@ def test_upstream_time_is_the_upstreams_and_the_rest_is_overhead(
 
 
 def test_received_is_the_first_byte_not_the_first_asgi_event(
-    served: Callable[[Config], _Served], access_lines: list[dict[str, Any]]
+    gateway: Callable[[Config], GatewayServer], access_lines: list[dict[str, Any]]
 ) -> None:
     """The client sends its request line, pauses, then the rest: the app sees nothing until
     the head is complete, but the request began at its first byte (as nginx counts it)."""
     up = ScriptedUpstream(_slow_answer(0))
     with running(up):
-        gw = served(config_for(up.url, QUIET))
+        gw = gateway(config_for(up.url, QUIET))
         with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             head = _head("/v1/chat/completions", BODY)
@@ -233,11 +192,11 @@ def _slow_first_token(delay: float) -> Callable[[SeenRequest, asyncio.StreamWrit
 
 
 def test_reported_ttft_is_at_most_what_the_client_saw(
-    served: Callable[[Config], _Served], access_lines: list[dict[str, Any]]
+    gateway: Callable[[Config], GatewayServer], access_lines: list[dict[str, Any]]
 ) -> None:
     up = ScriptedUpstream(_slow_first_token(UPSTREAM_DELAY_S))
     with running(up):
-        gw = served(config_for(up.url, QUIET))
+        gw = gateway(config_for(up.url, QUIET))
         with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
             t0 = time.perf_counter()
             sock.sendall(_head("/v1/chat/completions", STREAM_BODY) + STREAM_BODY)
