@@ -68,12 +68,13 @@ from urllib.parse import unquote
 
 import httptools
 from websockets.datastructures import Headers
-from websockets.frames import Frame, Opcode
+from websockets.frames import Frame
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN, SEND_EOF
 from websockets.server import ServerProtocol
 
 from gateway.context import RECEIVED_AT
+from gateway.realtime.frames import BINARY, CONT, PONG, TEXT, Reassembly
 from gateway.types import ASGIApp, Message
 
 log = logging.getLogger("gateway")
@@ -88,8 +89,6 @@ Take = Callable[[bytes, bool, float], bool]
 #: drain (:attr:`drain`) there — no probing of ``receive.__self__``
 CLIENT_END = "gateway.client_end"
 
-#: the opcodes read (``Opcode`` members: websockets 17 no longer exports the ``OP_*`` aliases)
-OP_TEXT, OP_BINARY, OP_CONT, OP_PONG = Opcode.TEXT, Opcode.BINARY, Opcode.CONT, Opcode.PONG
 #: keepalive (uvicorn's defaults, which served this hop before): a ping this long after the
 #: accept and after each pong, and the connection fails with 1011 when no pong comes this long
 PING_INTERVAL_S = 20.0
@@ -221,8 +220,7 @@ class ClientSocket(Keepalive, asyncio.Protocol):
         self.disconnected = False
         self._close_timer: asyncio.TimerHandle | None = None
         #: a fragmented message being read: its frames, and whether it is text
-        self._frames: list[bytes] = []
-        self._text = False
+        self._fragments = Reassembly()
 
     # ------------------------------------------------------------ the transport's side
 
@@ -263,18 +261,11 @@ class ClientSocket(Keepalive, asyncio.Protocol):
         events: list[Frame] = conn.events_received()  # type: ignore[assignment]
         for event in events:
             opcode = event.opcode
-            if opcode is OP_TEXT or opcode is OP_BINARY:
-                if event.fin:
-                    self._message(event.data, opcode is OP_TEXT)  # type: ignore[arg-type]
-                else:
-                    self._frames = [event.data]  # type: ignore[list-item]
-                    self._text = opcode is OP_TEXT
-            elif opcode is OP_CONT:
-                self._frames.append(event.data)  # type: ignore[arg-type]
-                if event.fin:
-                    frames, self._frames = self._frames, []
-                    self._message(b"".join(frames), self._text)
-            elif opcode is OP_PONG:
+            if opcode is TEXT or opcode is BINARY or opcode is CONT:
+                whole = self._fragments.add(event)
+                if whole is not None:
+                    self._message(*whole)
+            elif opcode is PONG:
                 self._pong(event)
         writes = conn.data_to_send()  # pongs; a close frame and the end of the stream
         if writes:

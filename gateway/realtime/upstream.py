@@ -45,7 +45,7 @@ from websockets.exceptions import (
     InvalidStatus,
     InvalidURI,
 )
-from websockets.frames import Frame, Opcode
+from websockets.frames import Frame
 from websockets.http11 import Response
 from websockets.protocol import OPEN
 from websockets.typing import Subprotocol
@@ -69,11 +69,11 @@ from gateway.hops.upstream import (
 )
 from gateway.mock.engine import MockSettings
 from gateway.mock.realtime import MockRealtime, handshake_refusal
+from gateway.realtime.frames import BINARY, CONT, PONG, TEXT, Reassembly
 from gateway.realtime.server_protocol import Take
 from gateway.routes import Backend
 
 Message = str | bytes
-_TEXT, _BINARY, _CONT, _PONG = Opcode.TEXT, Opcode.BINARY, Opcode.CONT, Opcode.PONG
 
 #: incoming messages buffered from the upstream before reading from its socket pauses (each
 #: at most ``max_message_bytes``): a slow client slows the upstream instead of growing memory
@@ -182,8 +182,7 @@ class _Connection(asyncio.Protocol):
         self.lost: asyncio.Future[None] = loop.create_future()
         self._loop = loop
         self._messages: deque[tuple[bytes, bool]] = deque()
-        self._fragments: list[bytes] = []
-        self._fragment_text = False
+        self._fragments = Reassembly()
         self._reading_paused = False
         #: the transport's write buffer is over its high-water mark
         self._paused = False
@@ -348,20 +347,11 @@ class WebSocketsSocket(_Connection):
         for event in events:
             if type(event) is Frame:
                 opcode = event.opcode
-                if opcode is _TEXT or opcode is _BINARY:
-                    if event.fin:
-                        # a parsed frame's payload is bytes (no deflate on this hop)
-                        self._message(event.data, opcode is _TEXT)  # type: ignore[arg-type]
-                    else:
-                        self._fragments = [event.data]  # type: ignore[list-item]
-                        self._fragment_text = opcode is _TEXT
-                elif opcode is _CONT:
-                    self._fragments.append(event.data)  # type: ignore[arg-type]
-                    if event.fin:
-                        whole = b"".join(self._fragments)
-                        self._fragments = []
-                        self._message(whole, self._fragment_text)
-                elif opcode is _PONG and event.data == self._ping:
+                if opcode is TEXT or opcode is BINARY or opcode is CONT:
+                    whole = self._fragments.add(event)
+                    if whole is not None:
+                        self._message(*whole)
+                elif opcode is PONG and event.data == self._ping:
                     self._pong()
                 # a ping is answered and a close frame echoed by the protocol itself
             elif isinstance(event, Response):
