@@ -141,6 +141,7 @@ class ResponseCache:
             payload=payload,
             scope=None if self._global else credential_scope(ctx.tenant, ctx.credential),
             headers=ctx.forwarded_org,
+            body=call.body,
         )
         outcome = ctx.cache
         outcome.lookup_start = time.perf_counter()

@@ -169,6 +169,31 @@ def test_remembered_digest_states_are_bounded() -> None:
     assert key(query=b"q" * 4096) not in {key(query=b"q" * 4095), key()}  # long: not remembered
 
 
+def test_a_body_sent_again_byte_for_byte_has_the_key_its_payload_has() -> None:
+    """The key remembered per body's bytes is the one the canonical form gives, per scope and
+    every other field; bodies whose payloads are equal share it; the table is bounded."""
+    raw = orjson.dumps({**CHAT, "temperature": 0.0})
+    for _ in range(2):  # computed, then remembered
+        assert key(payload=orjson.loads(raw), body=raw) == key(payload=orjson.loads(raw))
+        assert key(payload=orjson.loads(raw), body=raw, scope="t:b") == key(
+            payload=orjson.loads(raw), scope="t:b"
+        )
+        assert key(payload=orjson.loads(raw), body=raw, query=b"a") == key(
+            payload=orjson.loads(raw), query=b"a"
+        )
+    spaced = b" " + raw
+    assert key(payload=orjson.loads(spaced), body=spaced) == key(
+        payload=orjson.loads(raw), body=raw
+    )
+    for i in range(keys._KEYS_MAX + 10):
+        body = orjson.dumps({**CHAT, "seed": i})
+        assert key(payload=orjson.loads(body), body=body) == key(payload=orjson.loads(body))
+    assert len(keys._KEYS) <= keys._KEYS_MAX
+    big = orjson.dumps({**CHAT, "user": "u" * keys._KEY_BODY_MAX})
+    key(payload=orjson.loads(big), body=big)
+    assert all(memo[-1] != big for memo in keys._KEYS)  # too big to remember
+
+
 def test_scopes_never_collide() -> None:
     seen = {
         key(scope=None),
