@@ -1,6 +1,7 @@
 """The common request's fast paths write what the general ones do (issue 32): the framed span
 tree of :func:`~gateway.telemetry.spans.build_framed` is byte for byte
-``frame_spans(build_spans(...))`` with the same ids."""
+``frame_spans(build_spans(...))`` with the same ids, and the metrics' per-label-tuple rows
+(:class:`~gateway.telemetry.metrics._Plan`) count what the general path counts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.context import RequestContext
+from gateway.telemetry import metrics as metrics_module
 from gateway.telemetry import otlp, spans
 from gateway.telemetry.tracing import Tracing
 
@@ -151,3 +153,29 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
         general = build_spans(*args, **kwargs)
         assert framed == (otlp.frame_spans(general), len(general))
     assert general_calls < len(finished) - 2  # most requests took the common tree
+
+
+def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Counters as they are; of each histogram series its count and whether it has exemplars
+    (sums, buckets and exemplar values are times, which differ from run to run)."""
+    snapshot = dict(snapshot)
+    snapshot.pop("pid")
+    snapshot["histograms"] = {
+        name: [[labels, sum(row[:-1]), bool(exemplars)] for labels, row, exemplars in series]
+        for name, series in snapshot["histograms"].items()
+    }
+    return snapshot
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
+    fast = asyncio.run(_drive(CONFIGS[name], BODIES))
+
+    def general(self: metrics_module.Metrics, ctx: RequestContext, edges: list[Any]) -> None:
+        self.inflight.pop(id(ctx), None)
+        metrics_module._record(self, ctx, edges)
+
+    monkeypatch.setattr(metrics_module.Metrics, "__call__", general)
+    slow = asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert _comparable(fast) == _comparable(slow)
+    assert fast["counters"]["gateway_requests"]  # something was counted
