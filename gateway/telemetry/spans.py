@@ -935,8 +935,8 @@ _ROOTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 def _common_root(tree: _Tree) -> bytes:
     """The SERVER root of the common tree (the bytes of :func:`_root_span` without a parent,
-    edge hops, error or retry wait), framed; name, times, stable attributes and the three
-    times' framing are one memoised struct call."""
+    edge hops, error or retry wait), framed; name, times, stable attributes, the three times,
+    the request id and the loop lag are one memoised struct call."""
     ctx = tree.ctx
     call = ctx.call
     assert call is not None
@@ -945,6 +945,8 @@ def _common_root(tree: _Tree) -> bytes:
     done = tree.done
     request_s = done - tree.received
     upstream_s = (a.end if a.end is not None else done) - a.start
+    request_id = ctx.request_id.encode("utf-8", "surrogatepass")
+    lag = t.loop_lag
     key = (
         ctx.method,
         ctx.path,
@@ -955,27 +957,26 @@ def _common_root(tree: _Tree) -> bytes:
         call.route.name,
         ctx.model,
         ctx.tenant,
+        len(request_id),
+        lag is not None,
     )
-    pack, c0, c1, c2, c3 = _ROOTS.get(key) or _root_parts(key)
+    pack, c0, c1, c2, c3, c4 = _ROOTS.get(key) or _root_parts(key)
     wall = tree.wall
     end_ns = wall + int(request_s * 1e9)
-    parts = [
-        pack(
-            c0,
-            wall,
-            b"\x41",
-            max(wall, end_ns),
-            c1,
-            round(request_s * 1000, 3),
-            c2,
-            round(upstream_s * 1000, 3),
-            c3,
-            round(max(0.0, request_s - upstream_s) * 1000, 3),
-        ),
-        _str("gateway.request_id", ctx.request_id),
-    ]
-    if t.loop_lag is not None:
-        parts.append(_F_LAG + _double(round(t.loop_lag * 1000, 3)))
+    request_ms = round(request_s * 1000, 3)
+    upstream_ms = round(upstream_s * 1000, 3)
+    overhead_ms = round(max(0.0, request_s - upstream_s) * 1000, 3)
+    parts = [tree.head, tree.root_id]
+    if lag is None:
+        parts.append(
+            pack(c0, wall, b"\x41", max(wall, end_ns), c1, request_ms, c2, upstream_ms, c3,
+                 overhead_ms, c4, request_id)
+        )  # fmt: skip
+    else:
+        parts.append(
+            pack(c0, wall, b"\x41", max(wall, end_ns), c1, request_ms, c2, upstream_ms, c3,
+                 overhead_ms, c4, request_id, _F_LAG, round(lag * 1000, 3))
+        )  # fmt: skip
     first = t.first_content
     if first is not None:
         parts.append(_f("gateway.ttft_ms", _ms(first - tree.received)))
@@ -984,17 +985,21 @@ def _common_root(tree: _Tree) -> bytes:
     if usd is not None:
         parts.append(_f("gateway.cost_usd", usd))
     parts.append(_TAIL)
-    span = b"".join((tree.head, tree.root_id, *parts))
+    span = b"".join(parts)
     return _FRAME[len(span)] + span if len(span) < 16384 else _framed(span)
 
 
 def _root_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    method, path, scheme, status, client, result, route, model, tenant = key
+    method, path, scheme, status, client, result, route, model, tenant, id_bytes, lag = key
     template = route_template(path)
     stable = (method, path, scheme, template, status, client, result, route, model, tenant, 1)
     group = _GROUPS.get(stable) or _group(stable, _ROOT_NAMES)
     c0 = otlp.name_kind(f"{method} {template}", otlp.KIND_SERVER) + b"\x39"
     c1 = group + _F_REQUEST
-    fmt = f"<{len(c0)}sQsQ{len(c1)}sd{len(_F_UPSTREAM)}sd{len(_F_OVERHEAD)}sd"
-    parts = (struct.Struct(fmt).pack, c0, c1, _F_UPSTREAM, _F_OVERHEAD)
+    # gateway.request_id's framing depends only on the length of its value
+    c4 = _str("gateway.request_id", "a" * id_bytes)[: -id_bytes or None]
+    fmt = f"<{len(c0)}sQsQ{len(c1)}sd{len(_F_UPSTREAM)}sd{len(_F_OVERHEAD)}sd{len(c4)}s{id_bytes}s"
+    if lag:
+        fmt += f"{len(_F_LAG)}sd"
+    parts = (struct.Struct(fmt).pack, c0, c1, _F_UPSTREAM, _F_OVERHEAD, c4)
     return remember(_ROOTS, key, parts, 4096)
