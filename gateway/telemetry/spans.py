@@ -719,10 +719,10 @@ def build_framed(
         return otlp.frame_spans(spans), len(spans)
     tree = _Tree(ctx, trace)
     out = [_lead(tree, hop_base, auth_mode)]
-    count = _common_router(tree, hop_base + 3, cache_backend, out)
+    count = _cache_spans(tree, cache_backend, out)
     out.append(_common_client(tree, attempts[0]))
     out.append(_common_root(tree))
-    return b"".join(out), count + 4
+    return b"".join(out), count + 5
 
 
 def _rare(ctx: RequestContext, attempt: Attempt) -> bool:
@@ -748,71 +748,89 @@ def _framed(span: bytes) -> bytes:
 
 
 def _lead(tree: _Tree, hop_base: int, auth_mode: str) -> bytes:
-    """``hop intake`` and ``hop auth``, framed, by one struct call: their lengths are fixed
-    per (hop base, auth mode, tenant), so all but ids and times is memoised."""
+    """``hop intake``, ``hop auth`` and ``hop router``, framed, by one struct call: their
+    lengths are fixed per (hop base, auth mode, tenant, cache result, route, whether the body
+    read is timed, the body size's varint length), so all but ids, times and the two numbers
+    is memoised."""
     ctx = tree.ctx
     t = ctx.timeline
-    key = (hop_base, auth_mode, ctx.tenant)
-    parts = _LEADS.get(key) or _lead_parts(key)
-    wall, received = tree.wall, tree.received
+    call = ctx.call
+    assert call is not None and t.auth_done is not None
+    size = len(call.body)
+    body_read = t.body_received
+    key = (
+        hop_base,
+        auth_mode,
+        ctx.tenant,
+        ctx.cache.result,
+        call.route.name,
+        body_read is not None,
+        (size.bit_length() + 6) // 7,  # the body size's varint length (0 for 0)
+    )
+    pack, c0, c1, c2, c3, c4, c5, c6, c7 = _LEADS.get(key) or _lead_parts(key)
+    wall, received, auth_done = tree.wall, tree.received, t.auth_done
     intake_ns = wall + int((t.intake_done - received) * 1e9)
-    auth_ns = wall + int((t.auth_done - received) * 1e9)  # type: ignore[operator]
+    auth_ns = wall + int((auth_done - received) * 1e9)
+    end = t.routed
+    end_ns = wall + int(((end if end is not None else ctx.attempts[0].start) - received) * 1e9)
     head, under_root, ids = tree.head, tree.under_root, tree.ids
-    pack, c0, c1, c2, c3, c4 = parts
+    size_bytes = _SMALL_VARINT[size] if size < 16384 else otlp.varint(size)
+    if body_read is None:
+        return pack(  # type: ignore[no-any-return]
+            c0, head, ids[:8], under_root, c1, wall, b"\x41", max(wall, intake_ns),
+            c2, head, ids[8:16], under_root, c3, intake_ns, b"\x41", max(intake_ns, auth_ns),
+            c4, head, ids[16:24], under_root, c5, auth_ns, b"\x41", max(auth_ns, end_ns),
+            c6, c7, size_bytes, _TAIL,
+        )  # fmt: skip
     return pack(  # type: ignore[no-any-return]
         c0, head, ids[:8], under_root, c1, wall, b"\x41", max(wall, intake_ns),
-        c2, head, ids[8:16], under_root, c3, intake_ns, b"\x41", max(intake_ns, auth_ns), c4,
+        c2, head, ids[8:16], under_root, c3, intake_ns, b"\x41", max(intake_ns, auth_ns),
+        c4, head, ids[16:24], under_root, c5, auth_ns, b"\x41", max(auth_ns, end_ns),
+        c6, round((body_read - auth_done) * 1000, 3), c7, size_bytes, _TAIL,
     )  # fmt: skip
 
 
+_SMALL_VARINT = tuple(otlp.varint(n) for n in range(16384))
+
+
 def _lead_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    hop_base, auth_mode, tenant = key
+    hop_base, auth_mode, tenant, result, route, body_read, size_len = key
     intake = _group(("intake", hop_base + 1, "gateway"), _HOP_NAMES) + _TAIL
     auth = _group(("auth", hop_base + 2, "gateway", auth_mode), _AUTH_NAMES)
     if tenant is not None:
         auth += _s("gateway.tenant", tenant)
     auth += _TAIL
+    router = _group(("router", hop_base + 3, "gateway", result, route), _ROUTER_NAMES)
+    if body_read:
+        router += _F_BODY_READ  # + its 8 value bytes
+    size_len = max(1, size_len)  # the body size's varint: 7 bits a byte
+    # gateway.request.body_bytes: its framing is fixed by the length of its varint
+    sizes = _i("gateway.request.body_bytes", 1 << (7 * (size_len - 1)))
+    body_bytes = sizes[:-size_len]
     # a span is: trace id framed (20 bytes), span id (8), parent framed (10), name and kind,
     # start and end (18), attributes and tail
-    n_intake = 20 + 8 + 10 + len(_INTAKE) + 18 + len(intake)
-    n_auth = 20 + 8 + 10 + len(_AUTH) + 18 + len(auth)
+    n_intake = 56 + len(_INTAKE) + len(intake)
+    n_auth = 56 + len(_AUTH) + len(auth)
+    n_router = 56 + len(_ROUTER) + len(router) + 8 * body_read + len(sizes) + len(_TAIL)
     c0, c1 = _FRAME[n_intake], _INTAKE + b"\x39"
-    c2, c3, c4 = intake + _FRAME[n_auth], _AUTH + b"\x39", auth
-    fmt = f"<{len(c0)}s20s8s10s{len(c1)}sQsQ{len(c2)}s20s8s10s{len(c3)}sQsQ{len(c4)}s"
-    parts = (struct.Struct(fmt).pack, c0, c1, c2, c3, c4)
+    c2, c3 = intake + _FRAME[n_auth], _AUTH + b"\x39"
+    c4, c5 = auth + _FRAME[n_router], _ROUTER + b"\x39"
+    c6, c7 = router, body_bytes
+    fmt = (
+        f"<{len(c0)}s20s8s10s{len(c1)}sQsQ{len(c2)}s20s8s10s{len(c3)}sQsQ"
+        f"{len(c4)}s20s8s10s{len(c5)}sQsQ{len(c6)}s{'d' if body_read else ''}"
+        f"{len(c7)}s{size_len}s{len(_TAIL)}s"
+    )
+    parts = (struct.Struct(fmt).pack, c0, c1, c2, c3, c4, c5, c6, c7)
     return remember(_LEADS, key, parts, 1024)
 
 
-def _common_router(tree: _Tree, index: int, cache_backend: str, out: list[bytes]) -> int:
-    """``hop router``, its ``cache lookup`` and the ``cache store``, framed, appended to
-    ``out``; how many spans that is."""
-    ctx = tree.ctx
-    t = ctx.timeline
-    call = ctx.call
-    assert call is not None and t.auth_done is not None
-    wall, received, head, ids = tree.wall, tree.received, tree.head, tree.ids
-    start_ns = wall + int((t.auth_done - received) * 1e9)
-    end = t.routed
-    end_ns = wall + int(((end if end is not None else ctx.attempts[0].start) - received) * 1e9)
-    outcome = ctx.cache
-    key = ("router", index, "gateway", outcome.result, call.route.name)
-    group = _GROUPS.get(key) or _group(key, _ROUTER_NAMES)
-    if t.body_received is not None:
-        group += _F_BODY_READ + _double(round((t.body_received - t.auth_done) * 1000, 3))
-    span = b"".join(
-        (
-            head,
-            ids[16:24],
-            tree.under_root,
-            _ROUTER,
-            _times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
-            group,
-            _i("gateway.request.body_bytes", len(call.body)),
-            _TAIL,
-        )
-    )
-    out.append(_FRAME[len(span)] + span if len(span) < 16384 else _framed(span))
-    count = 1
+def _cache_spans(tree: _Tree, cache_backend: str, out: list[bytes]) -> int:
+    """``cache lookup`` (under the router) and ``cache store``, framed, appended to ``out``;
+    how many spans that is."""
+    outcome = tree.ctx.cache
+    ids = tree.ids
+    count = 0
     tree.backend = cache_backend
     if outcome.lookup_start is not None:
         lookup_end = outcome.lookup_end or tree.done

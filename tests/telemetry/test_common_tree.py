@@ -66,6 +66,8 @@ BODIES = [
     body(3, max_tokens=8, temperature=0),
     body(4, model="gpt-4o-2024-08-06", max_completion_tokens=5, temperature=0.5),
     body(5, model="unknown-model"),
+    body(6, user="u" * 200),  # the body size's varint: 1 byte above, 2 here
+    body(7, user="u" * 20000),  # 3 bytes
     b"{not json",
 ]
 
