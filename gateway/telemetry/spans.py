@@ -880,14 +880,15 @@ def _cache_framed(
     return _FRAME[len(span)] + span
 
 
-#: the CLIENT span's key (see :func:`_client_span`) + the answer's model and finish reasons ->
-#: (its name and kind, the attributes before gen_ai.response.id, the finish reasons)
-_CLIENTS: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
+#: the CLIENT span's key (see :func:`_client_span`) + the answer's model and finish reasons and
+#: the lengths of its response id and token counts, whether it has a first chunk -> a struct
+#: packing the whole framed span and its constant parts
+_CLIENTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def _common_client(tree: _Tree, attempt: Attempt) -> bytes:
     """The answering attempt's CLIENT span (the bytes of :func:`_client_span` for an attempt
-    without error or fleet attributes), framed: one memoised block per request shape."""
+    without error or fleet attributes), framed: one memoised struct call per request shape."""
     ctx = tree.ctx
     call = ctx.call
     assert call is not None
@@ -895,6 +896,10 @@ def _common_client(tree: _Tree, attempt: Attempt) -> bytes:
     answer = ctx.answer
     max_tokens, temperature = _request_values(call.payload)
     reasons = answer.finish_reasons
+    response_id = answer.response_id
+    rid = response_id.encode("utf-8", "surrogatepass") if response_id else b""
+    first = ctx.timeline.first_content
+    usage = tree.usage
     key = (
         call.operation or "http",
         b.provider,
@@ -910,40 +915,50 @@ def _common_client(tree: _Tree, attempt: Attempt) -> bytes:
         answer.response_model,
         tuple(reasons) if reasons else None,
         ctx.method if call.operation is None else None,
+        len(rid) if response_id else -1,
+        first is not None,
+        len(usage),
     )
-    got = _CLIENTS.get(key) or _client_parts(key)
-    name, before_id, after_id = got
+    pack, c0, c1, c2, c3 = _CLIENTS.get(key) or _client_parts(key)
     wall, received = tree.wall, tree.received
     end = attempt.end if attempt.end is not None else tree.done
     start_ns = wall + int((attempt.start - received) * 1e9)
     end_ns = wall + int((end - received) * 1e9)
-    parts = [
-        tree.head,
-        attempt.span_id.to_bytes(8, "big"),
-        tree.under_root,
-        name,
-        _times(0x39, start_ns, 0x41, max(start_ns, end_ns)),
-        before_id,
-    ]
-    if answer.response_id:
-        parts.append(_str("gen_ai.response.id", answer.response_id))
-    parts.append(after_id)
-    first = ctx.timeline.first_content
-    if first is not None:
-        parts.append(_f("gen_ai.response.time_to_first_chunk", round(first - attempt.start, 6)))
-    parts.append(tree.usage)
-    parts.append(_TAIL)
-    span = b"".join(parts)
-    return _FRAME[len(span)] + span if len(span) < 16384 else _framed(span)
+    span_id = attempt.span_id.to_bytes(8, "big")
+    if first is None:
+        return pack(  # type: ignore[no-any-return]
+            c0, tree.head, span_id, tree.under_root, c1, start_ns, b"\x41",
+            max(start_ns, end_ns), c2, rid, c3, usage, _TAIL,
+        )  # fmt: skip
+    return pack(  # type: ignore[no-any-return]
+        c0, tree.head, span_id, tree.under_root, c1, start_ns, b"\x41",
+        max(start_ns, end_ns), c2, rid, c3, round(first - attempt.start, 6), usage, _TAIL,
+    )  # fmt: skip
 
 
-def _client_parts(key: tuple[Any, ...]) -> tuple[bytes, bytes, bytes]:
+_F_TTFC: Final = otlp.float_prefix("gen_ai.response.time_to_first_chunk")
+
+
+def _client_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
     group = _GROUPS.get(key[:11]) or _client_group(key[:11])
     model, response_model, reasons, method = key[2], key[11], key[12], key[13]
+    id_len, first, usage_len = key[14:]
     if response_model:
         group += _s("gen_ai.response.model", response_model)
-    name = otlp.name_kind(f"{method or key[0]} {model}".strip(), otlp.KIND_CLIENT)
-    parts = (name, group, _finish_reasons(reasons) if reasons else b"")
+    if id_len >= 0:  # gen_ai.response.id's framing depends only on its value's length
+        group += _str("gen_ai.response.id", "a" * id_len)[: -id_len or None]
+    after_id = _finish_reasons(reasons) if reasons else b""
+    if first:
+        after_id += _F_TTFC  # + its 8 value bytes
+    name = otlp.name_kind(f"{method or key[0]} {model}".strip(), otlp.KIND_CLIENT) + b"\x39"
+    id_len = max(id_len, 0)
+    n = 56 - 1 + len(name) + len(group) + id_len + len(after_id) + 8 * first + usage_len
+    c0 = _FRAME[n + len(_TAIL)] if n + len(_TAIL) < 16384 else b"\x12" + otlp.varint(n + len(_TAIL))
+    fmt = (
+        f"<{len(c0)}s20s8s10s{len(name)}sQsQ{len(group)}s{id_len}s{len(after_id)}s"
+        f"{'d' if first else ''}{usage_len}s{len(_TAIL)}s"
+    )
+    parts = (struct.Struct(fmt).pack, c0, name, group, after_id)
     return remember(_CLIENTS, key, parts, 4096)
 
 
