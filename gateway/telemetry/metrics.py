@@ -44,6 +44,7 @@ from prometheus_client.core import (
 from prometheus_client.samples import Exemplar
 
 from gateway.context import RequestContext
+from gateway.memo import remember
 from gateway.spend import cost
 from gateway.telemetry.spans import EdgeHop
 
@@ -221,6 +222,8 @@ class Metrics:
         }
         self._patterns = route_patterns
         self._models: set[str] = set()
+        #: (route, model, answered model, status, backend, cache, cache error, tenant) -> rows
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._gauges = gauges
         #: requests in flight (their route is read at scrape time: it may not be known yet)
         self.inflight: dict[int, RequestContext] = {}
@@ -277,47 +280,39 @@ class Metrics:
     def __call__(self, ctx: RequestContext, edges: list[EdgeHop]) -> None:
         """Record one finished request (the Telemetry sink)."""
         self.inflight.pop(id(ctx), None)
-        t = ctx.timeline
-        answer = ctx.answer
         call = ctx.call
-        route = call.route.name if call is not None else "none"
-        model = self.model_label(ctx)
-        status = str(answer.status)
-        done = t.done if t.done is not None else t.received
-        request_s = done - t.received
+        answer = ctx.answer
         attempts = ctx.attempts
-        if len(attempts) == 1:  # ctx.upstream_time(done), without its generator
-            a = attempts[0]
-            upstream_s = (a.end if a.end is not None else done) - a.start
-        else:
-            upstream_s = ctx.upstream_time(done)
-        trace = ctx.trace
-        trace_id = None
-        now = 0.0
-        if trace is not None and trace.sampled:
-            trace_id = trace.trace_id
-            now = time.time()  # the exemplars' timestamp, read once
-        self.requests.inc((route, model, status))
-        self.request_duration.observe((route, model), request_s, trace_id, now)
-        overhead_s = max(0.0, request_s - upstream_s - t.backoff)  # waits are not overhead
-        self.overhead.observe((route,), overhead_s, trace_id, now)
-        for attempt in attempts:
-            backend = (attempt.backend.name, model)
-            self.upstream_duration.observe(backend, attempt.duration(done), trace_id, now)
-        if t.first_content is not None:
-            self.ttft.observe((model,), t.first_content - t.received, trace_id, now)
-        _observe_hops(self.hops, ctx, edges, upstream_s)
-        if ctx.object_call is not None:
-            self.objects.observe(ctx, request_s, trace_id)
-        self._spend(ctx, route, model)
-        kind = answer.error_type()
-        if kind is not None:
-            self.errors.inc((status, kind))
-        outcome = ctx.cache
-        if outcome.result != "off":
-            self.cache.inc((outcome.result,))
-        if outcome.error:
-            self.cache.inc(("error",))
+        if (
+            call is None
+            or len(attempts) != 1
+            or edges
+            or answer.error is not None
+            or ctx.object_call is not None
+        ):
+            _record(self, ctx, edges)
+            return
+        cache = ctx.cache
+        key = (
+            call.route.name,
+            ctx.model,
+            answer.response_model,
+            answer.status,
+            attempts[0].backend.name,
+            cache.result,
+            cache.error,
+            ctx.tenant,
+        )
+        plan = self._plans.get(key) or self._plan(ctx, key)
+        plan.record(self, ctx)
+
+    def _plan(self, ctx: RequestContext, key: tuple[Any, ...]) -> _Plan:
+        route, _model, _answered, status, backend, result, error, tenant = key
+        plan = _Plan(self, route, self.model_label(ctx), str(status), backend, tenant or "-")
+        plan.error = None if (kind := ctx.answer.error_type()) is None else (plan.status, kind)
+        plan.cache = None if result == "off" else (result,)
+        plan.cache_error = bool(error)
+        return remember(self._plans, key, plan, 4096)
 
     def count_tokens(
         self,
@@ -420,6 +415,161 @@ class Metrics:
             for labels, value in _merge_gauges(snapshots, name, combine).items():
                 gauge.add_metric(labels, value)
             yield gauge
+
+
+def _record(m: Metrics, ctx: RequestContext, edges: list[EdgeHop]) -> None:
+    """Record any request (:meth:`Metrics.__call__`): what :class:`_Plan` does for the common
+    one, with every label tuple and row looked up."""
+    t = ctx.timeline
+    answer = ctx.answer
+    call = ctx.call
+    route = call.route.name if call is not None else "none"
+    model = m.model_label(ctx)
+    status = str(answer.status)
+    done = t.done if t.done is not None else t.received
+    request_s = done - t.received
+    attempts = ctx.attempts
+    if len(attempts) == 1:  # ctx.upstream_time(done), without its generator
+        a = attempts[0]
+        upstream_s = (a.end if a.end is not None else done) - a.start
+    else:
+        upstream_s = ctx.upstream_time(done)
+    trace = ctx.trace
+    trace_id = None
+    now = 0.0
+    if trace is not None and trace.sampled:
+        trace_id = trace.trace_id
+        now = time.time()  # the exemplars' timestamp, read once
+    m.requests.inc((route, model, status))
+    m.request_duration.observe((route, model), request_s, trace_id, now)
+    overhead_s = max(0.0, request_s - upstream_s - t.backoff)  # waits are not overhead
+    m.overhead.observe((route,), overhead_s, trace_id, now)
+    for attempt in attempts:
+        backend = (attempt.backend.name, model)
+        m.upstream_duration.observe(backend, attempt.duration(done), trace_id, now)
+    if t.first_content is not None:
+        m.ttft.observe((model,), t.first_content - t.received, trace_id, now)
+    _observe_hops(m.hops, ctx, edges, upstream_s)
+    if ctx.object_call is not None:
+        m.objects.observe(ctx, request_s, trace_id)
+    m._spend(ctx, route, model)
+    kind = answer.error_type()
+    if kind is not None:
+        m.errors.inc((status, kind))
+    outcome = ctx.cache
+    if outcome.result != "off":
+        m.cache.inc((outcome.result,))
+    if outcome.error:
+        m.cache.inc(("error",))
+
+
+class _Plan:
+    """The rows and label tuples of one (route, model, status, backend, cache, tenant): a
+    request of one attempt does one dict lookup for them all, then direct increments (the
+    rows are made here, as :meth:`Histogram.observe` would make them)."""
+
+    __slots__ = (
+        "cache",
+        "cache_error",
+        "cost",
+        "duration",
+        "error",
+        "input",
+        "model",
+        "output",
+        "overhead",
+        "request",
+        "status",
+        "unpriced",
+        "upstream",
+    )
+
+    def __init__(
+        self, m: Metrics, route: str, model: str, status: str, backend: str, tenant: str
+    ) -> None:
+        self.model = (model,)
+        self.status = status
+        self.request = (route, model, status)
+        self.duration = _row(m.request_duration, (route, model))
+        self.overhead = _row(m.overhead, (route,))
+        self.upstream = _row(m.upstream_duration, (backend, model))
+        self.input = (model, "input")
+        self.output = (model, "output")
+        self.cost = (route, model, tenant)
+        self.unpriced = (model,)
+        self.error: tuple[str, str] | None = None
+        self.cache: tuple[str] | None = None
+        self.cache_error = False
+
+    def record(self, m: Metrics, ctx: RequestContext) -> None:
+        """:meth:`Metrics._record` of a request of one attempt, without error or edge hops."""
+        t = ctx.timeline
+        done = t.done if t.done is not None else t.received
+        request_s = done - t.received
+        a = ctx.attempts[0]
+        upstream_s = (a.end if a.end is not None else done) - a.start
+        trace = ctx.trace
+        trace_id = None
+        now = 0.0
+        if trace is not None and trace.sampled:
+            trace_id = trace.trace_id
+            now = time.time()  # the exemplars' timestamp, read once
+        _inc(m.requests.values, self.request, 1.0)
+        _put(self.duration, request_s, trace_id, now)
+        _put(self.overhead, max(0.0, request_s - upstream_s - t.backoff), trace_id, now)
+        _put(self.upstream, upstream_s, trace_id, now)
+        if t.first_content is not None:
+            m.ttft.observe(self.model, t.first_content - t.received, trace_id, now)
+        _observe_hops(m.hops, ctx, [], upstream_s)
+        usage = ctx.answer.tokens
+        tokens = m.tokens.values
+        if usage.input:
+            _inc(tokens, self.input, usage.input)
+        if usage.output:
+            _inc(tokens, self.output, usage.output)
+        if usage.cached_input or usage.cache_write or usage.reasoning:
+            m.count_tokens(
+                self.model[0], None, None, usage.cached_input, usage.cache_write, usage.reasoning
+            )
+        usd = cost(ctx)
+        if usd is not None:
+            _inc(m.spend.cost.values, self.cost, usd)
+        else:
+            _inc(m.spend.unpriced.values, self.unpriced, 1.0)
+        if self.error is not None:
+            _inc(m.errors.values, self.error, 1.0)
+        if self.cache is not None:
+            _inc(m.cache.values, self.cache, 1.0)
+        if self.cache_error:
+            _inc(m.cache.values, ("error",), 1.0)
+
+
+#: a histogram's row of one label tuple, its exemplars and bucket bounds
+_Row = tuple[list[float], dict[int, ExemplarData], tuple[float, ...]]
+
+
+def _row(h: Histogram, labels: Labels) -> _Row:
+    row = h.series.get(labels)
+    if row is None:
+        row = h.series[labels] = [0.0] * (len(h.bounds) + 2)
+    exemplars = h.exemplars.get(labels)
+    if exemplars is None:
+        exemplars = h.exemplars[labels] = {}
+    return row, exemplars, h.bounds
+
+
+def _put(row: _Row, value: float, trace_id: int | None, now: float) -> None:
+    """:meth:`Histogram.observe` on a row already looked up."""
+    counts, exemplars, bounds = row
+    i = _bisect(bounds, value)
+    counts[i] += 1
+    counts[-1] += value
+    if trace_id is not None:
+        exemplars[i] = (trace_id, value, now)
+
+
+def _inc(values: dict[Labels, float], labels: Labels, amount: float) -> None:
+    values[labels] = values.get(labels, 0.0) + amount
 
 
 def _observe_hops(

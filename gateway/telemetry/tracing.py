@@ -29,7 +29,7 @@ from gateway.config import TracingConfig
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.telemetry import otlp
 from gateway.telemetry.export import BatchExporter, SpanQueue, make_exporter
-from gateway.telemetry.spans import EdgeHop, build_spans
+from gateway.telemetry.spans import EdgeHop, build_framed
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACE_ID_LIMIT = (1 << 64) - 1
@@ -238,10 +238,10 @@ class Tracing:
         trace = ctx.trace
         if trace is None or not trace.sampled or self.queue is None:
             return
-        spans = build_spans(
+        block, count = build_framed(
             ctx, trace, edge_hops, self.edge_hop_count, self.cache_backend, self.auth_mode
         )
-        self.queue.put_framed(otlp.frame_spans(spans), len(spans))
+        self.queue.put_framed(block, count)
 
     def state(self) -> dict[str, Any]:
         if self.queue is None:

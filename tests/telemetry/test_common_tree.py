@@ -1,0 +1,183 @@
+"""The common request's fast paths write what the general ones do (issue 32): the framed span
+tree of :func:`~gateway.telemetry.spans.build_framed` is byte for byte
+``frame_spans(build_spans(...))`` with the same ids, and the metrics' per-label-tuple rows
+(:class:`~gateway.telemetry.metrics._Plan`) count what the general path counts."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.context import RequestContext
+from gateway.telemetry import metrics as metrics_module
+from gateway.telemetry import otlp, spans
+from gateway.telemetry.tracing import Tracing
+
+BASE = """
+[[backends]]
+name = "mock"
+url = "mock://"
+provider = "mock"
+
+[[routes]]
+name = "default"
+models = ["gpt-4o-mini", "gpt-4o*"]
+backends = ["mock"]
+
+[tracing]
+exporter = "otlp"
+endpoint = "http://127.0.0.1:9"
+sample_ratio = 1.0
+shutdown_timeout_s = 0.1
+
+[logging]
+access_log = "off"
+
+[ui]
+enabled = false
+"""
+AUTH = """
+[auth]
+mode = "keys"
+[[auth.keys]]
+tenant = "t1"
+sha256 = "f3abf2a6cc4f00987743db5f544ba345b4899ae31f326d8ee9c4816de153c9e0"  # sk-test
+"""
+PRICES = '[[prices]]\nmodels = ["gpt-4o*"]\ninput = 0.15\noutput = 0.60\n'
+MEMORY_CACHE = '[cache]\nbackend = "memory"\nmode = "all"\n'
+NO_CACHE = '[cache]\nbackend = "off"\n'
+
+
+def body(n: int, **extra: Any) -> bytes:
+    payload = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"hi {n}"}]}
+    return orjson.dumps({**payload, **extra})
+
+
+BODIES = [
+    body(1),
+    body(1),  # a cache hit where the cache is on
+    body(2, stream=True),
+    body(3, max_tokens=8, temperature=0),
+    body(4, model="gpt-4o-2024-08-06", max_completion_tokens=5, temperature=0.5),
+    body(5, model="unknown-model"),
+    body(6, user="u" * 200),  # the body size's varint: 1 byte above, 2 here
+    body(7, user="u" * 20000),  # 3 bytes
+    b"{not json",
+]
+
+
+async def _drive(toml: str, bodies: list[bytes]) -> dict[str, Any]:
+    app = Gateway(load_config(text=toml, env={}))
+    async with app.running():
+        for data in bodies:
+            sent = False
+
+            async def receive(data: bytes = data) -> dict[str, Any]:
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": data, "more_body": False}
+                await asyncio.Event().wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, Any]) -> None:
+                pass
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "http_version": "1.1",
+                "method": "POST",
+                "scheme": "http",
+                "path": "/v1/chat/completions",
+                "raw_path": b"/v1/chat/completions",
+                "query_string": b"",
+                "headers": [
+                    (b"host", b"gw"),
+                    (b"content-type", b"application/json"),
+                    (b"authorization", b"Bearer sk-test"),
+                ],
+                "client": ("127.0.0.1", 40000),
+                "server": ("127.0.0.1", 8080),
+                "state": {},
+            }
+            sent = False
+            await app(scope, receive, send)
+        runtime = app.runtime
+        assert runtime is not None and runtime.telemetry.metrics is not None
+        return runtime.telemetry.metrics.snapshot()
+
+
+CONFIGS = {
+    "cache-off": BASE + NO_CACHE,
+    "memory-cache": BASE + MEMORY_CACHE,
+    "prices": BASE + NO_CACHE + PRICES,
+    "auth": BASE + NO_CACHE + PRICES + AUTH,
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
+    finished: list[tuple[Tracing, RequestContext, list[Any]]] = []
+    finish = Tracing.finish
+
+    def capture(self: Tracing, ctx: RequestContext, edge_hops: list[Any]) -> None:
+        finished.append((self, ctx, edge_hops))
+        finish(self, ctx, edge_hops)
+
+    monkeypatch.setattr(Tracing, "finish", capture)
+    asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert finished
+    general_calls = 0
+    build_spans = spans.build_spans
+
+    def counted(*args: Any, **kwargs: Any) -> list[bytes]:
+        nonlocal general_calls
+        general_calls += 1
+        return build_spans(*args, **kwargs)
+
+    for tracing, ctx, edge_hops in finished:
+        trace = ctx.trace
+        assert trace is not None
+        args = (ctx, trace, edge_hops, tracing.edge_hop_count)
+        kwargs = {"cache_backend": tracing.cache_backend, "auth_mode": tracing.auth_mode}
+        random.seed(7)
+        monkeypatch.setattr(spans, "build_spans", counted)
+        framed = spans.build_framed(*args, **kwargs)
+        monkeypatch.setattr(spans, "build_spans", build_spans)
+        random.seed(7)
+        general = build_spans(*args, **kwargs)
+        assert framed == (otlp.frame_spans(general), len(general))
+    assert general_calls < len(finished) - 2  # most requests took the common tree
+
+
+def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Counters as they are; of each histogram series its count and whether it has exemplars
+    (sums, buckets and exemplar values are times, which differ from run to run)."""
+    snapshot = dict(snapshot)
+    snapshot.pop("pid")
+    snapshot["histograms"] = {
+        name: [[labels, sum(row[:-1]), bool(exemplars)] for labels, row, exemplars in series]
+        for name, series in snapshot["histograms"].items()
+    }
+    return snapshot
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
+    fast = asyncio.run(_drive(CONFIGS[name], BODIES))
+
+    def general(self: metrics_module.Metrics, ctx: RequestContext, edges: list[Any]) -> None:
+        self.inflight.pop(id(ctx), None)
+        metrics_module._record(self, ctx, edges)
+
+    monkeypatch.setattr(metrics_module.Metrics, "__call__", general)
+    slow = asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert _comparable(fast) == _comparable(slow)
+    assert fast["counters"]["gateway_requests"]  # something was counted
