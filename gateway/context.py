@@ -144,7 +144,17 @@ class Attempt:
 class TraceContext:
     """The ids of one request's trace, fixed when the request arrives (docs/spec.md §7)."""
 
-    __slots__ = ("flags", "parent_span_id", "root_span_id", "sampled", "trace_id", "trace_state")
+    __slots__ = (
+        "flags",
+        "id_bytes",
+        "parent_span_id",
+        "prefix",
+        "root_span_id",
+        "sampled",
+        "suffix",
+        "trace_id",
+        "trace_state",
+    )
 
     def __init__(
         self,
@@ -160,9 +170,14 @@ class TraceContext:
         self.sampled = sampled
         self.flags = "01" if sampled else "00"
         self.trace_state = trace_state
+        #: the trace id's 16 bytes, ``00-<trace id hex>-`` and ``-<flags>``, made once: a
+        #: traceparent is then the span id's hex between them (``.hex()`` is the fast format)
+        self.id_bytes = trace_id.to_bytes(16, "big")
+        self.prefix = "00-" + self.id_bytes.hex() + "-"
+        self.suffix = "-01" if sampled else "-00"
 
     def traceparent(self, span_id: int) -> str:
-        return f"00-{self.trace_id:032x}-{span_id:016x}-{self.flags}"
+        return self.prefix + span_id.to_bytes(8, "big").hex() + self.suffix
 
 
 CacheResult = Literal["off", "hit", "miss", "bypass"]

@@ -177,8 +177,8 @@ def line(ctx: RequestContext) -> dict[str, Any]:
     last = ctx.attempts[-1] if ctx.attempts else None
     out: dict[str, Any] = {
         "ts": round(time.time(), 3),
-        "trace_id": f"{trace.trace_id:032x}" if trace is not None else None,
-        "span_id": f"{trace.root_span_id:016x}" if trace is not None else None,
+        "trace_id": trace.id_bytes.hex() if trace is not None else None,
+        "span_id": trace.root_span_id.to_bytes(8, "big").hex() if trace is not None else None,
         "request_id": ctx.request_id,
         "method": ctx.method,
         "path": ctx.path,

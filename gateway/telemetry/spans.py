@@ -209,7 +209,8 @@ class _Tree:
         self.received = t.received
         self.wall = t.wall_ns
         self.done = t.done if t.done is not None else t.received
-        self.head = otlp.span_head(trace.trace_id.to_bytes(16, "big"))
+        #: otlp.span_head inlined: trace id (field 1) + the span id's tag (field 2)
+        self.head = b"\x0a\x10" + trace.id_bytes + b"\x12\x08"
         self.root_id = trace.root_span_id.to_bytes(8, "big")
         self.under_root = b"\x22\x08" + self.root_id
         self.tail = _TAIL
@@ -825,28 +826,61 @@ def _lead_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return remember(_LEADS, key, parts, 1024)
 
 
+#: (cache result, backend, error, store, gateway.cache.entry_bytes' length) -> a struct packing
+#: the whole framed cache span and its constant parts (issue 32)
+_CACHE_PACKS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
 def _cache_spans(tree: _Tree, cache_backend: str, out: list[bytes]) -> int:
-    """``cache lookup`` (under the router) and ``cache store``, framed, appended to ``out``;
-    how many spans that is."""
+    """``cache lookup`` (under the router) and ``cache store``, framed (the bytes of
+    :func:`_cache_span`), appended to ``out``; how many spans that is. Each is one memoised
+    struct call: only ids, times and the entry size are per request."""
     outcome = tree.ctx.cache
-    ids = tree.ids
-    count = 0
     tree.backend = cache_backend
-    if outcome.lookup_start is not None:
-        lookup_end = outcome.lookup_end or tree.done
+    lookup_start, store_start = outcome.lookup_start, outcome.store_start
+    if lookup_start is None and store_start is None:
+        return 0
+    wall, received, head, ids = tree.wall, tree.received, tree.head, tree.ids
+    count = 0
+    if lookup_start is not None:
+        key: tuple[Any, ...] = (outcome.result, cache_backend, outcome.error, False, 0)
+        pack, c0, c1, c2, c3 = _CACHE_PACKS.get(key) or _cache_parts(key)
+        end = outcome.lookup_end or tree.done
+        start_ns = wall + int((lookup_start - received) * 1e9)
+        end_ns = wall + int((end - received) * 1e9)
         out.append(
-            _cache_framed(
-                tree, ids[24:32], b"\x22\x08" + ids[16:24], outcome.lookup_start, lookup_end
-            )
-        )
-        count += 1
-    if outcome.store_start is not None:
-        store_end = outcome.store_end or tree.done
+            pack(c0, head, ids[24:32], b"\x22\x08" + ids[16:24], c1, start_ns, 0x41,
+                 max(start_ns, end_ns), c2, b"", c3)
+        )  # fmt: skip
+        count = 1
+    if store_start is not None:
+        stored = outcome.stored
+        entry = b"" if stored is None else _i("gateway.cache.entry_bytes", stored)
+        key = (outcome.result, cache_backend, outcome.error, True, len(entry))
+        pack, c0, c1, c2, c3 = _CACHE_PACKS.get(key) or _cache_parts(key)
+        end = outcome.store_end or tree.done
+        start_ns = wall + int((store_start - received) * 1e9)
+        end_ns = wall + int((end - received) * 1e9)
         out.append(
-            _cache_framed(tree, ids[32:], tree.under_root, outcome.store_start, store_end, True)
-        )
+            pack(c0, head, ids[32:], tree.under_root, c1, start_ns, 0x41,
+                 max(start_ns, end_ns), c2, entry, c3)
+        )  # fmt: skip
         count += 1
     return count
+
+
+def _cache_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    result, backend, error, store, entry_len = key
+    group = _CACHE_GROUPS.get(key[:3]) or _cache_group(result, backend, error)
+    name = (_CACHE_STORE if store else _CACHE_LOOKUP) + b"\x39"
+    tail = _ERROR_TAIL if error else _TAIL
+    # trace id framed (20 bytes), span id (8), parent framed (10), name and kind, the start's
+    # 8 bytes, the end framed (9), attributes and tail
+    n = 20 + 8 + 10 + len(name) + 8 + 9 + len(group) + entry_len + len(tail)
+    c0 = _FRAME[n] if n < 16384 else b"\x12" + otlp.varint(n)
+    fmt = f"<{len(c0)}s20s8s10s{len(name)}sQBQ{len(group)}s{entry_len}s{len(tail)}s"
+    parts = (struct.Struct(fmt).pack, c0, name, group, tail)
+    return remember(_CACHE_PACKS, key, parts, 256)
 
 
 def _cache_framed(

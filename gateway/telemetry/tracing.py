@@ -51,9 +51,12 @@ def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
     return tid, pid, bool(int(flags, 16) & 1)
 
 
+_getrandbits = random.getrandbits
+
+
 def _span_id() -> int:
     while True:
-        sid = random.getrandbits(64)
+        sid = _getrandbits(64)
         if sid:
             return sid
 
@@ -146,6 +149,7 @@ class Tracing:
         self.enabled = cfg.exporter != "none"
         self.capture_content = cfg.capture_content
         self._bound = TraceIdRatioBased.get_bound_for_rate(cfg.sample_ratio)
+        self._trust = cfg.trust_incoming
         self.queue: SpanQueue | None = None
         if not self.enabled:
             return
@@ -164,16 +168,24 @@ class Tracing:
 
     def begin(self, ctx: RequestContext, incoming: tuple[bytes, bytes | None] | None) -> None:
         """Fix the trace ids of a request (continuing a trusted incoming ``traceparent``)."""
-        parent: tuple[int, int, bool] | None = None
-        if incoming is not None and self.cfg.trust_incoming:
-            parent = parse_traceparent(incoming[0])
+        if incoming is None or not self._trust:  # the common case: a new trace, no parent
+            trace_id = _getrandbits(128) or 1
+            ctx.trace = TraceContext(
+                trace_id,
+                _getrandbits(64) or _span_id(),
+                None,
+                (trace_id & _TRACE_ID_LIMIT) < self._bound and self.enabled,
+                "",
+            )
+            return
+        parent = parse_traceparent(incoming[0])
         if parent is not None:
             trace_id, parent_id, parent_sampled = parent
             # ParentBased: follow the remote parent's decision (else decide on the trace id)
             sampled = parent_sampled if self._parent_based else self.sample(trace_id)
-            state = incoming[1].decode("latin-1") if incoming and incoming[1] else ""
+            state = incoming[1].decode("latin-1") if incoming[1] else ""
         else:
-            trace_id = random.getrandbits(128) or 1
+            trace_id = _getrandbits(128) or 1
             parent_id = None
             sampled = self.sample(trace_id)
             state = ""
@@ -186,10 +198,11 @@ class Tracing:
     def attempt_headers(self, ctx: RequestContext, attempt: Attempt) -> list[tuple[str, str]]:
         trace = ctx.trace
         assert trace is not None  # begin() ran: every traced request has its ids
-        headers = [("traceparent", trace.traceparent(attempt.span_id))]
+        # TraceContext.traceparent inlined: the trace id's hex is formatted once per request
+        traceparent = trace.prefix + attempt.span_id.to_bytes(8, "big").hex() + trace.suffix
         if trace.trace_state:
-            headers.append(("tracestate", trace.trace_state))
-        return headers
+            return [("traceparent", traceparent), ("tracestate", trace.trace_state)]
+        return [("traceparent", traceparent)]
 
     @staticmethod
     def auto_instrumented() -> bool:

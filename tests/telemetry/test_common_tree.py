@@ -181,3 +181,72 @@ def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
     slow = asyncio.run(_drive(CONFIGS[name], BODIES))
     assert _comparable(fast) == _comparable(slow)
     assert fast["counters"]["gateway_requests"]  # something was counted
+
+
+def test_cache_spans_are_the_general_builders_bytes(monkeypatch):
+    """The memoised cache span packs (lookup and store) against :func:`spans._cache_span`: the
+    redis backend's extra attribute, a cache error, no entry size, entry sizes of 1..3 varint
+    bytes, a lookup without a store."""
+    finished: list[tuple[Tracing, RequestContext]] = []
+    finish = Tracing.finish
+
+    def capture(self: Tracing, ctx: RequestContext, edge_hops: list[Any]) -> None:
+        finished.append((self, ctx))
+        finish(self, ctx, edge_hops)
+
+    monkeypatch.setattr(Tracing, "finish", capture)
+    asyncio.run(_drive(CONFIGS["memory-cache"], BODIES))
+    stored = [ctx for _, ctx in finished if ctx.cache.store_start is not None]
+    assert stored
+    ctx = stored[0]
+    trace = ctx.trace
+    assert trace is not None
+    outcome = ctx.cache
+    cases = 0
+    for backend in ("memory", "redis"):
+        for error in (False, True):
+            for size in (None, 5, 300, 70000):
+                for store in (True, False):
+                    outcome.error, outcome.stored = error, size
+                    store_start = outcome.store_start
+                    if not store:
+                        outcome.store_start = None
+                    tree = spans._Tree(ctx, trace)
+                    out: list[bytes] = []
+                    count = spans._cache_spans(tree, backend, out)
+                    expected = [
+                        spans._cache_span(
+                            tree,
+                            b"\x22\x08" + tree.ids[16:24],
+                            "cache lookup",
+                            outcome.lookup_start,  # type: ignore[arg-type]
+                            outcome.lookup_end or tree.done,
+                            backend,
+                        )
+                    ]
+                    if store:
+                        expected.append(
+                            spans._cache_span(
+                                tree,
+                                tree.under_root,
+                                "cache store",
+                                outcome.store_start,  # type: ignore[arg-type]
+                                outcome.store_end or tree.done,
+                                backend,
+                            )
+                        )
+                    outcome.store_start = store_start
+                    assert (b"".join(out), count) == (otlp.frame_spans(expected), len(expected))
+                    cases += 1
+    assert cases == 32
+
+
+def test_traceparent_formats():
+    """The cached ``00-<trace id>-`` prefix gives the W3C format (zero-padded lower-case hex)."""
+    from gateway.context import TraceContext
+
+    trace = TraceContext(0xAB, 0x1, None, True, "")
+    assert trace.traceparent(0xCD) == f"00-{0xAB:032x}-{0xCD:016x}-01"
+    assert TraceContext(1 << 127, 2, None, False, "").traceparent(1 << 63) == (
+        f"00-{1 << 127:032x}-{1 << 63:016x}-00"
+    )
