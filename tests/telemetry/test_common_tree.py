@@ -69,6 +69,11 @@ BODIES = [
     body(6, user="u" * 200),  # the body size's varint: 1 byte above, 2 here
     body(7, user="u" * 20000),  # 3 bytes
     b"{not json",
+    # cache hits where the cache is on (no attempt: the common tree without a CLIENT span)
+    body(2, stream=True),
+    body(3, max_tokens=8, temperature=0),
+    body(4, model="gpt-4o-2024-08-06", max_completion_tokens=5, temperature=0.5),
+    body(7, user="u" * 20000),
 ]
 
 
@@ -119,6 +124,7 @@ CONFIGS = {
     "memory-cache": BASE + MEMORY_CACHE,
     "prices": BASE + NO_CACHE + PRICES,
     "auth": BASE + NO_CACHE + PRICES + AUTH,
+    "memory-cache-auth": BASE + MEMORY_CACHE + PRICES + AUTH,
 }
 
 
@@ -135,12 +141,14 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
     asyncio.run(_drive(CONFIGS[name], BODIES))
     assert finished
     general_calls = 0
+    general_hits = 0
     build_spans = spans.build_spans
 
-    def counted(*args: Any, **kwargs: Any) -> list[bytes]:
-        nonlocal general_calls
+    def counted(ctx: RequestContext, *args: Any, **kwargs: Any) -> list[bytes]:
+        nonlocal general_calls, general_hits
         general_calls += 1
-        return build_spans(*args, **kwargs)
+        general_hits += ctx.cache.result == "hit"
+        return build_spans(ctx, *args, **kwargs)
 
     for tracing, ctx, edge_hops in finished:
         trace = ctx.trace
@@ -155,6 +163,9 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
         general = build_spans(*args, **kwargs)
         assert framed == (otlp.frame_spans(general), len(general))
     assert general_calls < len(finished) - 2  # most requests took the common tree
+    assert general_hits == 0  # and every cache hit did
+    hits = sum(ctx.cache.result == "hit" for _, ctx, _ in finished)
+    assert hits == (5 if "cache" in name and "off" not in name else 0)
 
 
 def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +182,18 @@ def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
+    record = metrics_module._record
+    general_hits = 0
+
+    def counted(m: metrics_module.Metrics, ctx: RequestContext, edges: list[Any]) -> None:
+        nonlocal general_hits
+        general_hits += ctx.cache.result == "hit"
+        record(m, ctx, edges)
+
+    monkeypatch.setattr(metrics_module, "_record", counted)
     fast = asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert general_hits == 0  # cache hits took the rows too
+    monkeypatch.setattr(metrics_module, "_record", record)
 
     def general(self: metrics_module.Metrics, ctx: RequestContext, edges: list[Any]) -> None:
         self.inflight.pop(id(ctx), None)
