@@ -6,7 +6,9 @@ tree of :func:`~gateway.telemetry.spans.build_framed` is byte for byte
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -203,3 +205,27 @@ def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
     slow = asyncio.run(_drive(CONFIGS[name], BODIES))
     assert _comparable(fast) == _comparable(slow)
     assert fast["counters"]["gateway_requests"]  # something was counted
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_server_timing_formats_are_the_general_ones(name, monkeypatch):
+    """The one-format ``Server-Timing`` of the common answer and of a cache hit is what the
+    general path writes for the same request at the same instant."""
+    st = importlib.import_module("gateway.telemetry.server_timing")
+
+    seen: list[RequestContext] = []
+    finish = Tracing.finish
+
+    def capture(self: Tracing, ctx: RequestContext, edge_hops: list[Any]) -> None:
+        seen.append(ctx)
+        finish(self, ctx, edge_hops)
+
+    monkeypatch.setattr(Tracing, "finish", capture)
+    asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert seen
+    for ctx in seen:
+        now = ctx.timeline.received + 0.0123
+        monkeypatch.setattr(st, "time", SimpleNamespace(perf_counter=lambda now=now: now))
+        assert st.server_timing(ctx, []) == st._general(ctx, [], now)
+    if "memory-cache" in name:
+        assert any(ctx.cache.result == "hit" and not ctx.attempts for ctx in seen)
