@@ -43,7 +43,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.samples import Exemplar
 
-from gateway.context import RequestContext
+from gateway.context import Attempt, RequestContext
 from gateway.memo import remember
 from gateway.spend import cost
 from gateway.telemetry.spans import EdgeHop
@@ -285,7 +285,7 @@ class Metrics:
         attempts = ctx.attempts
         if (
             call is None
-            or len(attempts) != 1
+            or len(attempts) > 1
             or edges
             or answer.error is not None
             or ctx.object_call is not None
@@ -298,7 +298,7 @@ class Metrics:
             ctx.model,
             answer.response_model,
             answer.status,
-            attempts[0].backend.name,
+            attempts[0].backend.name if attempts else None,  # None: no attempt (a cache hit)
             cache.result,
             cache.error,
             ctx.tenant,
@@ -465,8 +465,9 @@ def _record(m: Metrics, ctx: RequestContext, edges: list[EdgeHop]) -> None:
 
 class _Plan:
     """The rows and label tuples of one (route, model, status, backend, cache, tenant): a
-    request of one attempt does one dict lookup for them all, then direct increments (the
-    rows are made here, as :meth:`Histogram.observe` would make them)."""
+    request of one attempt, or of none (a cache hit: backend None), does one dict lookup for
+    them all, then direct increments (the rows are made here, as :meth:`Histogram.observe`
+    would make them; no upstream row without an attempt)."""
 
     __slots__ = (
         "cache",
@@ -485,14 +486,14 @@ class _Plan:
     )
 
     def __init__(
-        self, m: Metrics, route: str, model: str, status: str, backend: str, tenant: str
+        self, m: Metrics, route: str, model: str, status: str, backend: str | None, tenant: str
     ) -> None:
         self.model = (model,)
         self.status = status
         self.request = (route, model, status)
         self.duration = _row(m.request_duration, (route, model))
         self.overhead = _row(m.overhead, (route,))
-        self.upstream = _row(m.upstream_duration, (backend, model))
+        self.upstream = None if backend is None else _row(m.upstream_duration, (backend, model))
         self.input = (model, "input")
         self.output = (model, "output")
         self.cost = (route, model, tenant)
@@ -502,12 +503,13 @@ class _Plan:
         self.cache_error = False
 
     def record(self, m: Metrics, ctx: RequestContext) -> None:
-        """:meth:`Metrics._record` of a request of one attempt, without error or edge hops."""
+        """:meth:`Metrics._record` of a request of one attempt or none, without error or edge
+        hops."""
         t = ctx.timeline
         done = t.done if t.done is not None else t.received
         request_s = done - t.received
-        a = ctx.attempts[0]
-        upstream_s = (a.end if a.end is not None else done) - a.start
+        attempts = ctx.attempts
+        upstream_s = _one_attempt(attempts[0], done) if attempts else 0.0
         trace = ctx.trace
         trace_id = None
         now = 0.0
@@ -517,7 +519,8 @@ class _Plan:
         _inc(m.requests.values, self.request, 1.0)
         _put(self.duration, request_s, trace_id, now)
         _put(self.overhead, max(0.0, request_s - upstream_s - t.backoff), trace_id, now)
-        _put(self.upstream, upstream_s, trace_id, now)
+        if self.upstream is not None:
+            _put(self.upstream, upstream_s, trace_id, now)
         if t.first_content is not None:
             m.ttft.observe(self.model, t.first_content - t.received, trace_id, now)
         _observe_hops(m.hops, ctx, [], upstream_s)
@@ -534,7 +537,7 @@ class _Plan:
         usd = cost(ctx)
         if usd is not None:
             _inc(m.spend.cost.values, self.cost, usd)
-        else:
+        elif attempts:  # an upstream answered a model nobody priced
             _inc(m.spend.unpriced.values, self.unpriced, 1.0)
         if self.error is not None:
             _inc(m.errors.values, self.error, 1.0)
@@ -546,6 +549,11 @@ class _Plan:
 
 #: a histogram's row of one label tuple, its exemplars and bucket bounds
 _Row = tuple[list[float], dict[int, ExemplarData], tuple[float, ...]]
+
+
+def _one_attempt(a: Attempt, done: float) -> float:
+    """The upstream time of a request's only attempt (``ctx.upstream_time(done)``)."""
+    return (a.end if a.end is not None else done) - a.start
 
 
 def _row(h: Histogram, labels: Labels) -> _Row:

@@ -47,16 +47,32 @@ def server_timing(ctx: RequestContext, edges: list[EdgeInterval]) -> bytes:
     auth = t.auth_done
     routed = t.routed
     attempts = ctx.attempts
-    if not edges and routed is not None and auth is not None and len(attempts) == 1:
-        # the common answer, one format: routed, one attempt (so no backoff), no edge hops
-        a = attempts[0]
-        upstream = (a.end if a.end is not None else now) - a.start
-        return (
-            f"intake;dur={(intake - t.received) * 1000:.3f}, auth;dur={(auth - intake) * 1000:.3f}"
-            f", router;dur={(routed - auth) * 1000:.3f}, cache;desc={ctx.cache.result}"
-            f", upstream;dur={upstream * 1000:.3f}"
-            f", gateway;dur={max(0.0, (now - t.received) - upstream - t.backoff) * 1000:.3f}"
-        ).encode()
+    if not edges and routed is not None and auth is not None:
+        if len(attempts) == 1:
+            # the common answer, one format: routed, one attempt (so no backoff), no edge hops
+            a = attempts[0]
+            upstream = (a.end if a.end is not None else now) - a.start
+            return (
+                f"intake;dur={(intake - t.received) * 1000:.3f}"
+                f", auth;dur={(auth - intake) * 1000:.3f}"
+                f", router;dur={(routed - auth) * 1000:.3f}, cache;desc={ctx.cache.result}"
+                f", upstream;dur={upstream * 1000:.3f}"
+                f", gateway;dur={max(0.0, (now - t.received) - upstream - t.backoff) * 1000:.3f}"
+            ).encode()
+        if not attempts:  # a cache hit: routed, no upstream
+            return (
+                f"intake;dur={(intake - t.received) * 1000:.3f}"
+                f", auth;dur={(auth - intake) * 1000:.3f}"
+                f", router;dur={(routed - auth) * 1000:.3f}, cache;desc={ctx.cache.result}"
+                f", gateway;dur={(now - t.received) * 1000:.3f}"
+            ).encode()
+    return _general(ctx, edges, now)
+
+
+def _general(ctx: RequestContext, edges: list[EdgeInterval], now: float) -> bytes:
+    """What :func:`server_timing` writes for any request (the one format each for the common
+    answer and a cache hit above write the same)."""
+    t = ctx.timeline
     parts = [format_metric(name, end - start) for name, _, start, end in edges] if edges else []
     intake = t.intake_done
     parts.append(f"intake;dur={(intake - t.received) * 1000:.3f}")

@@ -695,9 +695,10 @@ def build_framed(
     """The request's spans framed as ``ScopeSpans.spans`` entries, and their count: the bytes
     of ``otlp.frame_spans(build_spans(...))``.
 
-    The common request (no edge hops, authenticated and routed, one attempt of a model call,
-    no error, no parent, no MCP or stateful call) is written here in one pass from memoised
-    parts, each span framed as it is written; any other goes through :func:`build_spans`."""
+    The common request (no edge hops, authenticated and routed, one attempt of a model call
+    or none for a cache hit, no error, no parent, no MCP or stateful call) is written here in
+    one pass from memoised parts, each span framed as it is written; any other goes through
+    :func:`build_spans`."""
     t = ctx.timeline
     attempts = ctx.attempts
     call = ctx.call
@@ -705,7 +706,7 @@ def build_framed(
     if (
         edge_hops
         or call is None
-        or len(attempts) != 1
+        or len(attempts) != (0 if ctx.cache.result == "hit" else 1)
         or t.auth_done is None
         or trace.parent_span_id
         or trace.trace_state
@@ -714,27 +715,34 @@ def build_framed(
         or answer.captured is not None
         or ctx.mcp is not None
         or call.policies
-        or _rare(ctx, attempts[0])
+        or _rare(ctx, attempts[0] if attempts else None)
     ):
         spans = build_spans(ctx, trace, edge_hops, hop_base, cache_backend, auth_mode)
         return otlp.frame_spans(spans), len(spans)
     tree = _Tree(ctx, trace)
     out = [_lead(tree, hop_base, auth_mode)]
     count = _cache_spans(tree, cache_backend, out)
-    out.append(_common_client(tree, attempts[0]))
+    if attempts:
+        out.append(_common_client(tree, attempts[0]))
+        count += 1
     out.append(_common_root(tree))
-    return b"".join(out), count + 5
+    return b"".join(out), count + 4
 
 
-def _rare(ctx: RequestContext, attempt: Attempt) -> bool:
+def _rare(ctx: RequestContext, attempt: Attempt | None) -> bool:
     """What the common tree does not write: a retry wait, a failed attempt (an error, a 5xx),
     fleet attributes, a disconnect, an edge's discarded headers, a stateful call."""
     return bool(
         ctx.timeline.backoff
-        or attempt.error is not None
-        or (attempt.status is not None and attempt.status >= 500)
-        or attempt.affinity is not None
-        or attempt.load is not None
+        or (
+            attempt is not None
+            and (
+                attempt.error is not None
+                or (attempt.status is not None and attempt.status >= 500)
+                or attempt.affinity is not None
+                or attempt.load is not None
+            )
+        )
         or ctx.disconnected
         or ctx.edge_marks
         or ctx.object_call is not None
@@ -773,7 +781,9 @@ def _lead(tree: _Tree, hop_base: int, auth_mode: str) -> bytes:
     intake_ns = wall + int((t.intake_done - received) * 1e9)
     auth_ns = wall + int((auth_done - received) * 1e9)
     end = t.routed
-    end_ns = wall + int(((end if end is not None else ctx.attempts[0].start) - received) * 1e9)
+    if end is None:
+        end = ctx.attempts[0].start if ctx.attempts else tree.done
+    end_ns = wall + int((end - received) * 1e9)
     head, under_root, ids = tree.head, tree.under_root, tree.ids
     size_bytes = _SMALL_VARINT[size] if size < 16384 else otlp.varint(size)
     if body_read is None:
@@ -1007,11 +1017,15 @@ def _common_root(tree: _Tree) -> bytes:
     ctx = tree.ctx
     call = ctx.call
     assert call is not None
-    a = ctx.attempts[0]
+    attempts = ctx.attempts
     t = ctx.timeline
     done = tree.done
     request_s = done - tree.received
-    upstream_s = (a.end if a.end is not None else done) - a.start
+    if attempts:
+        a = attempts[0]
+        upstream_s = (a.end if a.end is not None else done) - a.start
+    else:  # a cache hit
+        upstream_s = 0.0
     request_id = ctx.request_id.encode("utf-8", "surrogatepass")
     lag = t.loop_lag
     key = (
@@ -1026,6 +1040,7 @@ def _common_root(tree: _Tree) -> bytes:
         ctx.tenant,
         len(request_id),
         lag is not None,
+        len(attempts),
     )
     pack, c0, c1, c2, c3, c4 = _ROOTS.get(key) or _root_parts(key)
     wall = tree.wall
@@ -1057,9 +1072,9 @@ def _common_root(tree: _Tree) -> bytes:
 
 
 def _root_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    method, path, scheme, status, client, result, route, model, tenant, id_bytes, lag = key
+    method, path, scheme, status, client, result, route, model, tenant, id_bytes, lag, n = key
     template = route_template(path)
-    stable = (method, path, scheme, template, status, client, result, route, model, tenant, 1)
+    stable = (method, path, scheme, template, status, client, result, route, model, tenant, n)
     group = _GROUPS.get(stable) or _group(stable, _ROOT_NAMES)
     c0 = otlp.name_kind(f"{method} {template}", otlp.KIND_SERVER) + b"\x39"
     c1 = group + _F_REQUEST

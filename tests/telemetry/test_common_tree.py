@@ -6,7 +6,9 @@ tree of :func:`~gateway.telemetry.spans.build_framed` is byte for byte
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -69,6 +71,11 @@ BODIES = [
     body(6, user="u" * 200),  # the body size's varint: 1 byte above, 2 here
     body(7, user="u" * 20000),  # 3 bytes
     b"{not json",
+    # cache hits where the cache is on (no attempt: the common tree without a CLIENT span)
+    body(2, stream=True),
+    body(3, max_tokens=8, temperature=0),
+    body(4, model="gpt-4o-2024-08-06", max_completion_tokens=5, temperature=0.5),
+    body(7, user="u" * 20000),
 ]
 
 
@@ -119,6 +126,7 @@ CONFIGS = {
     "memory-cache": BASE + MEMORY_CACHE,
     "prices": BASE + NO_CACHE + PRICES,
     "auth": BASE + NO_CACHE + PRICES + AUTH,
+    "memory-cache-auth": BASE + MEMORY_CACHE + PRICES + AUTH,
 }
 
 
@@ -135,12 +143,14 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
     asyncio.run(_drive(CONFIGS[name], BODIES))
     assert finished
     general_calls = 0
+    general_hits = 0
     build_spans = spans.build_spans
 
-    def counted(*args: Any, **kwargs: Any) -> list[bytes]:
-        nonlocal general_calls
+    def counted(ctx: RequestContext, *args: Any, **kwargs: Any) -> list[bytes]:
+        nonlocal general_calls, general_hits
         general_calls += 1
-        return build_spans(*args, **kwargs)
+        general_hits += ctx.cache.result == "hit"
+        return build_spans(ctx, *args, **kwargs)
 
     for tracing, ctx, edge_hops in finished:
         trace = ctx.trace
@@ -155,6 +165,9 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
         general = build_spans(*args, **kwargs)
         assert framed == (otlp.frame_spans(general), len(general))
     assert general_calls < len(finished) - 2  # most requests took the common tree
+    assert general_hits == 0  # and every cache hit did
+    hits = sum(ctx.cache.result == "hit" for _, ctx, _ in finished)
+    assert hits == (5 if "cache" in name and "off" not in name else 0)
 
 
 def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +184,18 @@ def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
+    record = metrics_module._record
+    general_hits = 0
+
+    def counted(m: metrics_module.Metrics, ctx: RequestContext, edges: list[Any]) -> None:
+        nonlocal general_hits
+        general_hits += ctx.cache.result == "hit"
+        record(m, ctx, edges)
+
+    monkeypatch.setattr(metrics_module, "_record", counted)
     fast = asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert general_hits == 0  # cache hits took the rows too
+    monkeypatch.setattr(metrics_module, "_record", record)
 
     def general(self: metrics_module.Metrics, ctx: RequestContext, edges: list[Any]) -> None:
         self.inflight.pop(id(ctx), None)
@@ -250,3 +274,27 @@ def test_traceparent_formats():
     assert TraceContext(1 << 127, 2, None, False, "").traceparent(1 << 63) == (
         f"00-{1 << 127:032x}-{1 << 63:016x}-00"
     )
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_server_timing_formats_are_the_general_ones(name, monkeypatch):
+    """The one-format ``Server-Timing`` of the common answer and of a cache hit is what the
+    general path writes for the same request at the same instant."""
+    st = importlib.import_module("gateway.telemetry.server_timing")
+
+    seen: list[RequestContext] = []
+    finish = Tracing.finish
+
+    def capture(self: Tracing, ctx: RequestContext, edge_hops: list[Any]) -> None:
+        seen.append(ctx)
+        finish(self, ctx, edge_hops)
+
+    monkeypatch.setattr(Tracing, "finish", capture)
+    asyncio.run(_drive(CONFIGS[name], BODIES))
+    assert seen
+    for ctx in seen:
+        now = ctx.timeline.received + 0.0123
+        monkeypatch.setattr(st, "time", SimpleNamespace(perf_counter=lambda now=now: now))
+        assert st.server_timing(ctx, []) == st._general(ctx, [], now)
+    if "memory-cache" in name:
+        assert any(ctx.cache.result == "hit" and not ctx.attempts for ctx in seen)
