@@ -339,16 +339,4 @@ def credential_scope(tenant: str | None, credential: bytes | None) -> str:
         return "t:" + tenant
     if not credential:
         return "anon"
-    scope = _SCOPES.get(credential)
-    if scope is None:
-        scope = "k:" + hashlib.sha256(b"llm-gateway scope\0" + credential).hexdigest()[:32]
-        if len(credential) <= _SCOPE_CREDENTIAL_MAX:
-            remember(_SCOPES, credential, scope, _SCOPES_MAX)
-    return scope
-
-
-#: credential -> its scope: a client sends the same key request after request, so the digest
-#: is worked out once per key (bounded, gateway/memo.py: the values are the client's)
-_SCOPES: dict[bytes, str] = {}
-_SCOPES_MAX = 1024
-_SCOPE_CREDENTIAL_MAX = 512
+    return "k:" + hashlib.sha256(b"llm-gateway scope\0" + credential).hexdigest()[:32]
