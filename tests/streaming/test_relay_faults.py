@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import logging
 import socket
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,6 @@ import openai
 import orjson
 import pytest
 
-from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.support import LAST_CHUNK, SeenRequest, chat_chunk, chunk, config_for, sse_head
 
 NO_CACHE = '[cache]\nbackend = "off"'
@@ -494,27 +492,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
     return predicate()
 
 
-class Records(logging.Handler):
-    """Collects the gateway's access log lines (JSON) while attached."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(orjson.loads(record.getMessage()))
-
-
-@pytest.fixture
-def access_log() -> Iterator[Records]:
-    records = Records()
-    logger = logging.getLogger(ACCESS_LOGGER)
-    logger.addHandler(records)
-    yield records
-    logger.removeHandler(records)
-
-
-def test_client_disconnect_closes_the_upstream_connection(gateway, upstream, access_log):
+def test_client_disconnect_closes_the_upstream_connection(gateway, upstream, access_lines):
     state = SlowStream()
     up = upstream(slow_stream(state))
     gw = gateway(config_for(up.url, extra=NO_CACHE))
@@ -543,8 +521,8 @@ def test_client_disconnect_closes_the_upstream_connection(gateway, upstream, acc
     assert not state.finished
     assert wait_for(lambda: up.closed_connections == up.connections == 1, 1.0)
     # SPEC §8: counted as 499
-    assert wait_for(lambda: any(r["path"] == "/v1/chat/completions" for r in access_log.lines), 1.0)
-    (line,) = [r for r in access_log.lines if r["path"] == "/v1/chat/completions"]
+    assert wait_for(lambda: any(r["path"] == "/v1/chat/completions" for r in access_lines), 1.0)
+    (line,) = [r for r in access_lines if r["path"] == "/v1/chat/completions"]
     assert line["status"] == 499, line
 
 
