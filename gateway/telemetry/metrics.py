@@ -429,17 +429,9 @@ def _record(m: Metrics, ctx: RequestContext, edges: list[EdgeHop]) -> None:
     done = t.done if t.done is not None else t.received
     request_s = done - t.received
     attempts = ctx.attempts
-    if len(attempts) == 1:  # ctx.upstream_time(done), without its generator
-        a = attempts[0]
-        upstream_s = (a.end if a.end is not None else done) - a.start
-    else:
-        upstream_s = ctx.upstream_time(done)
-    trace = ctx.trace
-    trace_id = None
-    now = 0.0
-    if trace is not None and trace.sampled:
-        trace_id = trace.trace_id
-        now = time.time()  # the exemplars' timestamp, read once
+    # ctx.upstream_time(done), without its generator for the usual one attempt
+    upstream_s = _one_attempt(attempts[0], done) if len(attempts) == 1 else ctx.upstream_time(done)
+    trace_id, now = _exemplar(ctx)
     m.requests.inc((route, model, status))
     m.request_duration.observe((route, model), request_s, trace_id, now)
     overhead_s = max(0.0, request_s - upstream_s - t.backoff)  # waits are not overhead
@@ -510,12 +502,7 @@ class _Plan:
         request_s = done - t.received
         attempts = ctx.attempts
         upstream_s = _one_attempt(attempts[0], done) if attempts else 0.0
-        trace = ctx.trace
-        trace_id = None
-        now = 0.0
-        if trace is not None and trace.sampled:
-            trace_id = trace.trace_id
-            now = time.time()  # the exemplars' timestamp, read once
+        trace_id, now = _exemplar(ctx)
         _inc(m.requests.values, self.request, 1.0)
         _put(self.duration, request_s, trace_id, now)
         _put(self.overhead, max(0.0, request_s - upstream_s - t.backoff), trace_id, now)
@@ -549,6 +536,14 @@ class _Plan:
 
 #: a histogram's row of one label tuple, its exemplars and bucket bounds
 _Row = tuple[list[float], dict[int, ExemplarData], tuple[float, ...]]
+
+
+def _exemplar(ctx: RequestContext) -> tuple[int | None, float]:
+    """The exemplars' trace id (a sampled trace's, else None) and timestamp, read once."""
+    trace = ctx.trace
+    if trace is not None and trace.sampled:
+        return trace.trace_id, time.time()
+    return None, 0.0
 
 
 def _one_attempt(a: Attempt, done: float) -> float:
