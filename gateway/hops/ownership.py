@@ -45,13 +45,14 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.guard import RedisGuard, RedisUnavailable
 from gateway.cache.redis import connect
 from gateway.config import Config
 from gateway.errors import NotFound
+from gateway.hops.references import PINS, Named
 from gateway.routes import Backend
 from gateway.types import RawHeaders
 from gateway.writer import ResponseWriter
@@ -280,9 +281,8 @@ class Ownership:
 
     async def owner(self, response_id: object, tenant: str | None = None) -> Backend | None:
         """The backend that made ``response_id`` (None: unknown, expired, not a usable id, or
-        the shared store could not answer — the request then routes by model).
-
-        Raises :class:`NotFound` when another tenant made it (docs/spec.md §24)."""
+        the shared store could not answer). Raises :class:`NotFound` when another tenant made
+        it (docs/spec.md §24). Only for auth off: with auth on, :meth:`required` decides."""
         found = await self.lookup(response_id)
         if found is None:
             return None
@@ -307,29 +307,72 @@ class Ownership:
             raise not_found(str(object_id))
         return self._backends.get(name)
 
-    async def follows(self, payload: Mapping[str, Any], tenant: str | None) -> Backend | None:
-        """The backend a Responses request must reach: its ``conversation``'s owner, else its
-        ``previous_response_id``'s (None: neither, or an unknown previous response, which
-        routes by model)."""
-        conversation = payload.get("conversation")
-        if isinstance(conversation, dict):
-            conversation = conversation.get("id")
-        if conversation is not None:
-            return await self.required(conversation, tenant)
-        previous = payload.get("previous_response_id")
-        return None if previous is None else await self.owner(previous, tenant)
+    async def place(self, named: Named, tenant: str | None) -> Backend | None:
+        """Check the stored objects a request body names (docs/spec.md §26) before it is sent,
+        and return the backend its ``conversation``'s, else its ``previous_response_id``'s,
+        owner (None: neither, or unknown with auth off — the route decides).
+
+        With auth on each id at one of the table's places must be the caller's tenant's, and
+        none named elsewhere may be another tenant's: 404 otherwise, as a direct read is. With
+        auth off only the ids that pick a backend are looked up."""
+        pinned: dict[str, Backend | None] = {}
+        if tenant is None:
+            for token, object_id in named.ids:
+                if token in PINS and token not in pinned:
+                    pinned[token] = await self.required(object_id, None)
+        else:
+            checked: dict[str, Backend | None] = {}
+            for token, object_id in named.ids:
+                if object_id not in checked:
+                    checked[object_id] = await self.required(object_id, tenant)
+                if token in PINS:
+                    pinned.setdefault(token, checked[object_id])
+            for object_id in named.all_ids() - checked.keys():
+                await self.not_foreign(object_id, tenant)
+        return next((b for p in PINS if (b := pinned.get(p)) is not None), None)
+
+    async def owners(self, named: Named, tenant: str | None) -> set[Backend]:
+        """The backends holding the objects at the table's places (each checked as by
+        :meth:`place`; unknown ones with auth off hold nothing)."""
+        named.all_ids()
+        found: set[Backend] = set()
+        for object_id in {i for _, i in named.ids}:
+            backend = await self.required(object_id, tenant)
+            if backend is not None:
+                found.add(backend)
+        if tenant is not None:
+            for object_id in set(named.loose):
+                await self.not_foreign(object_id, tenant)
+        return found
+
+    async def not_foreign(self, object_id: str, tenant: str | None) -> None:
+        """404 when ``object_id`` is known as another tenant's — or, with auth on, when the
+        shared store cannot say whose it is (docs/spec.md §26)."""
+        try:
+            found = await self._find(object_id)
+        except OwnersUnavailable:
+            if tenant is not None:
+                raise not_found(object_id) from None
+            return
+        if found is not None and found[1] != (tenant or ""):
+            raise not_found(object_id)
 
     async def lookup(self, object_id: object) -> tuple[str, str] | None:
         """(backend name, tenant) of a known id; None: unknown, expired, unusable, or the
         shared store could not answer."""
+        try:
+            return await self._find(object_id)
+        except OwnersUnavailable:
+            return None
+
+    async def _find(self, object_id: object) -> tuple[str, str] | None:
+        """As :meth:`lookup`; raises :class:`OwnersUnavailable` when the shared store could not
+        answer for an id this process does not know."""
         if not isinstance(object_id, str) or not 0 < len(object_id) <= MAX_ID_CHARS:
             return None
         value = self.local.get_now(object_id)
         if value is None and self.shared is not None:
-            try:
-                value = await self.shared.get(object_id)
-            except OwnersUnavailable:
-                return None
+            value = await self.shared.get(object_id)
         return None if value is None else _parse(value)
 
     async def record(
