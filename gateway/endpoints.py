@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -51,14 +52,14 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
         owner = None
         if response_id is not None:  # another tenant's response: 404 (docs/spec.md §24)
             owner = await rt.ownership.required(response_id, ctx.tenant)
-        if ctx.tenant is not None:
-            if response_id is None:
-                await _unmodelled(rt, ctx, receive, req.out)
-                return
+        if ctx.tenant is not None and response_id is not None:
             rest = ctx.path[len(_RESPONSES) + len(response_id) :].strip("/")
             if owner is None or rest not in _RESPONSE_RESTS:
                 raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
             await _not_foreign(rt, ctx)
+        elif ctx.tenant is not None and not _model_read(ctx):
+            await _unmodelled(rt, ctx, receive, req.out)
+            return
         # unchanged means unchanged: the body keeps its coding, the client picks the answer's
         for name, value in (
             ("content-encoding", ctx.content_encoding),
@@ -76,6 +77,8 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
             await rt.ownership.forget(response_id)
 
 
+#: one model's path
+_MODELS = "/v1/models/"
 #: the stored responses' paths (docs/spec.md §22)
 _RESPONSES = "/v1/responses/"
 #: what may follow a stored response's id
@@ -85,6 +88,15 @@ _RESPONSE_CALLS = frozenset({"input_tokens", "compact"})
 #: paths of stored objects the gateway never records (stored chat completions): with auth on
 #: their ids can never be placed (docs/spec.md §26)
 _UNPLACEABLE = ("/v1/chat/completions/",)
+
+
+def _model_read(ctx: RequestContext) -> bool:
+    """``GET /v1/models/{model}`` of a model the key may call (the SDKs' ``models.retrieve``):
+    as open as the catalogue, never a stored object (docs/spec.md §26)."""
+    if ctx.method != "GET" or not ctx.path.startswith(_MODELS) or ctx.query:
+        return False
+    model = unquote(ctx.path[len(_MODELS) :])
+    return bool(model) and ctx.permits is not None and ctx.permits(model)
 
 
 def _first(rt: Runtime) -> Backend:

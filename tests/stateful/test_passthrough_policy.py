@@ -147,6 +147,12 @@ def test_a_path_not_modelled_needs_the_key_s_grant(gateway, server, scripted, mo
         r = send(server, key, "POST", "/v1/audio/speech", SPEECH)
         assert r.status_code == 200 and r.content == b"ID3-audio", key
     assert len(scripted.requests) == 3
+    # one model's page is as open as the catalogue; deleting a model is not
+    r = send(server, KEY_PLAIN, "GET", "/v1/models/scripted-tts")
+    assert r.status_code == 200
+    r = send(server, KEY_PLAIN, "DELETE", "/v1/models/scripted-tts")
+    assert r.status_code == 403 and code(r) == "passthrough_not_allowed"
+    assert len(scripted.requests) == 4
     # the tenant narrows its key's "*"
     r = send(server, KEY_NARROW, "GET", "/v1/fine_tuning/jobs/ftjob-abc123")
     assert r.status_code == 403 and code(r) == "passthrough_not_allowed"
