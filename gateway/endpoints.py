@@ -4,10 +4,11 @@ readiness."""
 from __future__ import annotations
 
 import asyncio
+import codecs
 import logging
 import time
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 import orjson
 
@@ -156,22 +157,31 @@ async def _unmodelled(
 async def _checked_body(rt: Runtime, ctx: RequestContext, receive: Receive) -> bytes | None:
     """An unmodelled call's body, read whole (bounded): a JSON one must name no object of
     another tenant — at the table's places none the tenant does not own — and goes on as it
-    was parsed (what was checked is what the upstream reads); another (a multipart upload, a
-    binary) goes on as it came, on the strength of the key's grant."""
+    was parsed (what was checked is what the upstream reads); a form's values are checked the
+    same way; another (a multipart upload, a binary) goes on as it came, on the strength of the
+    key's grant."""
     raw = await read_body(ctx, receive, rt.max_body)  # decoded: sent on without its coding
     if not raw:
         return None
-    if raw.lstrip()[:1] not in (b"{", b"["):
-        return raw
-    try:
-        payload = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    rule = rule_for(ctx.path)
-    named = (find(rule, None, payload) if rule is not None else None) or Named()
-    named.loose.extend(id_shaped(payload))
-    await rt.ownership.place(named, ctx.tenant)
-    return orjson.dumps(payload)
+    kind = (header_value(ctx.scope["headers"], b"content-type") or b"").lower()
+    text = raw.lstrip(b" \t\r\n").removeprefix(codecs.BOM_UTF8)  # a reader may skip a BOM
+    if b"json" in kind or text[:1] in (b"{", b"["):
+        try:
+            payload = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(
+                f"request body is not valid JSON: {exc}", code="invalid_json"
+            ) from exc
+        rule = rule_for(ctx.path)
+        named = (find(rule, None, payload) if rule is not None else None) or Named()
+        named.loose.extend(id_shaped(payload))
+        await rt.ownership.place(named, ctx.tenant)
+        return orjson.dumps(payload)
+    if b"x-www-form-urlencoded" in kind:
+        named = Named()
+        named.loose.extend(id_shaped(parse_qs(raw.decode("latin-1"))))
+        await rt.ownership.place(named, ctx.tenant)
+    return raw
 
 
 def bad_path(why: str) -> Endpoint:

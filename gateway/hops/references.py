@@ -97,6 +97,7 @@ REFERENCES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "/v1/vector_stores": ("file_ids",),
         "/v1/vector_stores/*/files": ("file_id",),
         "/v1/vector_stores/*/file_batches": ("file_ids", "files[].file_id"),
+        "/v1/uploads/*/complete": ("part_ids",),
         "/v1/conversations": _ITEMS,
         "/v1/conversations/*/items": _ITEMS,
         "/v1/assistants": _TOOL_RESOURCES,

@@ -152,7 +152,8 @@ class StatefulCall:
             return
         backend = attempt.backend
         if held.obj is not None:
-            await record_linked(held.obj, self._recorder(backend), t.root and ctx.method == "POST")
+            made = ctx.method == "POST" and (t.root or t.rest == "parts")  # an upload's parts too
+            await record_linked(held.obj, self._recorder(backend), made)
             if t.anthropic and gateway_results_url(ctx, held.obj):
                 held.changed()
         if ctx.method == "DELETE" and t.object_id is not None and not t.rest:

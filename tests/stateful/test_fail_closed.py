@@ -303,9 +303,25 @@ def test_a_body_that_could_be_read_two_ways_is_checked_as_the_upstream_reads_it(
 # ---------------------------------------------------------------- stateful bodies and paths
 
 
+def _upload_part(client: openai.OpenAI) -> tuple[str, str]:
+    upload = client.uploads.create(
+        bytes=4, filename="u.txt", mime_type="text/plain", purpose="user_data"
+    )
+    return upload.id, client.uploads.parts.create(upload.id, data=b"part").id
+
+
 def test_stateful_bodies_naming_another_tenant_s_objects_are_404(server, mock_pair, tenants):
     mine, theirs = tenants
+    with (
+        openai.OpenAI(base_url=server.base_url, api_key=KEY_ONE, max_retries=0) as one,
+        openai.OpenAI(base_url=server.base_url, api_key=KEY_TWO, max_retries=0) as two,
+    ):
+        upload, own_part = _upload_part(one)
+        _, their_part = _upload_part(two)
     before = mark(mock_pair)
+    r = call(server, KEY_ONE, "POST", f"/v1/uploads/{upload}/complete", {"part_ids": [their_part]})
+    assert gateway_404(r), r.text
+    assert not reached(mock_pair, before, their_part)
     store = f"/v1/vector_stores/{mine.vector_store}"
     item = {"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": ""}]}
     item["content"][0]["file_id"] = theirs.file
@@ -323,6 +339,9 @@ def test_stateful_bodies_naming_another_tenant_s_objects_are_404(server, mock_pa
         r = call(server, KEY_ONE, method, path, body)
         assert gateway_404(r), (path, r.text)
     assert not reached(mock_pair, before, theirs.file)
+    # the owner's own parts make a file
+    r = call(server, KEY_ONE, "POST", f"/v1/uploads/{upload}/complete", {"part_ids": [own_part]})
+    assert r.status_code == 200 and r.json()["status"] == "completed", r.text
 
 
 @pytest.mark.parametrize(

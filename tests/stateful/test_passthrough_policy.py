@@ -196,6 +196,18 @@ def test_another_tenant_s_ids_never_reach_an_unmodelled_path(server, scripted, m
     for method, path, body in refused:
         r = send(server, KEY_GRANTED, method, path, body)
         assert r.status_code == 404, (path, r.text)
+    # a JSON body behind a byte-order mark, a form: read as a lenient upstream would
+    bom = b"\xef\xbb\xbf" + orjson.dumps(job)
+    assert send(server, KEY_GRANTED, "POST", "/v1/fine_tuning/jobs", bom).status_code == 404
+    form = httpx2.post(
+        server.url + "/v1/fine_tuning/jobs",
+        content=f"model=scripted-ft&training_file={theirs}".encode(),
+        headers={
+            "authorization": f"Bearer {KEY_GRANTED}",
+            "content-type": "application/x-www-form-urlencoded",
+        },
+    )
+    assert form.status_code == 404, form.text
     # the reader that keeps the first of two keys would see theirs: the gateway sends one
     twice = b'{"model":"scripted-ft","training_file":"%s","training_file":"%s"}' % (
         theirs.encode(),
