@@ -321,13 +321,14 @@ class Ownership:
                 if token in PINS and token not in pinned:
                     pinned[token] = await self.required(object_id, None)
         else:
+            every = named.all_ids()  # bounded (400 beyond) before anything is looked up
             checked: dict[str, Backend | None] = {}
             for token, object_id in named.ids:
                 if object_id not in checked:
                     checked[object_id] = await self.required(object_id, tenant)
                 if token in PINS:
                     pinned.setdefault(token, checked[object_id])
-            for object_id in named.all_ids() - checked.keys():
+            for object_id in every - checked.keys():
                 await self.not_foreign(object_id, tenant)
         return next((b for p in PINS if (b := pinned.get(p)) is not None), None)
 

@@ -61,6 +61,7 @@ _RESPONSES = (
     "previous_response_id",
     "conversation",  # a string, or {"id": …}
     "input[].content[].file_id",  # input_file, input_image
+    "input[].file_id",  # a content part given as an item, by a lenient reader
     "input[].output[].file_id",  # a function_call_output given as content parts
     "input[type=item_reference].id",
     "tools[].vector_store_ids",  # file_search
@@ -87,7 +88,11 @@ def _under(prefix: str, paths: tuple[str, ...]) -> tuple[str, ...]:
 #: endpoint (the path; ``*`` one id segment) -> where its body names stored objects
 REFERENCES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
-        "/v1/chat/completions": ("messages[].content[].file.file_id",),
+        # a compatible server may take a part's file_id without its "file" object
+        "/v1/chat/completions": (
+            "messages[].content[].file.file_id",
+            "messages[].content[].file_id",
+        ),
         "/v1/responses": _RESPONSES,
         "/v1/responses/input_tokens": _RESPONSES,
         "/v1/messages": _MESSAGES,
