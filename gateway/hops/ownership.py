@@ -17,8 +17,9 @@ Where the mapping lives:
   replica agrees (:class:`RedisOwners`, ``SET key backend EX ttl``). A lookup asks the local LRU
   first (an id never changes owner, so a local hit is always right) and Redis on a miss. Each
   command waits at most the Redis timeout and a circuit breaker stops calling a dead Redis at
-  all: a lookup that Redis cannot answer routes by model, a record it cannot take is kept
-  locally — a dead Redis never fails a request.
+  all: with auth off a lookup that Redis cannot answer routes by model; with auth on an id
+  this process does not know is then a 404 (docs/spec.md §26: it could be another tenant's). A
+  record Redis cannot take is kept locally.
 
 One map for every object with an id: responses, and (docs/spec.md §24) files, uploads,
 batches, conversations, vector stores and Anthropic message batches, recorded by
@@ -26,7 +27,9 @@ batches, conversations, vector stores and Anthropic message batches, recorded by
 its own prefix), so one map holds them all. Each entry is bound to the tenant that created the
 object: the value is the backend's name, then (auth on) the unit separator and the tenant's,
 and a lookup by another tenant's key is a 404 (:class:`gateway.errors.NotFound`), as if the
-object did not exist — even when every tenant shares one upstream key.
+object did not exist — even when every tenant shares one upstream key. With auth on, an id
+nobody is known to own is a 404 too, wherever a request names it (:meth:`Ownership.place`
+checks what a body names, found by :mod:`gateway.hops.references`).
 
 What is recorded for responses: the ``id`` of a 200 answer to ``POST /v1/responses`` (the
 JSON body's, or the stream's ``response.created`` event's), read where the protocol already

@@ -2,10 +2,12 @@
 stores, Anthropic message batches and files — each call sent to the backend holding the object
 it names, and each object created recorded as its backend's and its tenant's.
 
-A call naming an object (in its path, or ``input_file_id`` / ``file_id`` / ``file_ids`` in its
-body) goes to that object's owner, pinned (:mod:`gateway.hops.ownership`: tried even when
-ejected, its error passes through); another tenant's object, or with auth on one nobody is
-known to own, is a 404. A call naming none goes to a route chosen by
+A call naming an object (in its path, or in its body at a place of the reference table,
+:mod:`gateway.hops.references`) goes to that object's owner, pinned
+(:mod:`gateway.hops.ownership`: tried even when ejected, its error passes through); another
+tenant's object, or with auth on one nobody is known to own, is a 404 (docs/spec.md §26), and
+with auth on a path the gateway does not model is never forwarded. A call naming none goes to
+a route chosen by
 :mod:`gateway.stateful.choose`, or for an Anthropic batch by the model of its first request.
 Uploads (``POST /v1/files``, upload parts) are streamed to the backend, file contents and
 batch results streamed back: neither is ever held whole (docs/architecture.md, habit 3).
@@ -161,8 +163,8 @@ class StatefulCall:
         await send_held(self.out, held, resp)
 
     def _priced(self) -> bool:
-        """A download that may be a batch's results, to price: an OpenAI file's content, an
-        Anthropic batch's results, when ``[[prices]]`` are set (docs/spec.md §24)."""
+        """A download that may be a batch's results, to price: a file's content, an Anthropic
+        batch's results, when ``[[prices]]`` are set (docs/spec.md §24, §26)."""
         if not self.rt.auth.prices:  # nothing has a price: nothing to read
             return False
         # whichever API the client speaks (an Anthropic client's headers read an OpenAI
