@@ -231,8 +231,8 @@ class RedisOwners:
     @staticmethod
     def _down(exc: Exception) -> None:
         log.warning(
-            "response ownership: Redis unreachable (%s); follow-ups route by the ids "
-            "this process knows, else by model, until it is back",
+            "response ownership: Redis unreachable (%s); until it is back only the ids this "
+            "process recorded are placed (others: by model with auth off, 404 with auth on)",
             type(exc).__name__,
         )
 
