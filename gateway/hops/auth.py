@@ -383,6 +383,8 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
         spent.tokens = usage.total
     elif unreported(ctx):  # complete, but the upstream did not say: the worst case it was given
         spent.tokens = spent.reserved_tokens
+    else:  # nothing used (a failed call; a batch's results are debited by their read)
+        return spent
     if priced:
         # the one figure the span, the access log and the metric show: the reservation of an
         # answer that completed unreported, else what its usage costs
