@@ -677,9 +677,7 @@ class RedisLimits:
         run there has its reservation released there."""
         verdict = self.local.admit_now(a, tokens, cost, rid)
         if metered and verdict.allowed:
-            periods = _budget_periods(a, self.local.made_in(rid))
-            args = (self._ttl, a.head[1], b"%d" % tokens, b"%d" % cost, *a.codes, rid.encode(),
-                    _REC, *periods)  # fmt: skip
+            args = self._hold_args(a, rid, tokens, cost, self.local.made_in(rid))
             self._backlog.reserved_here(a, rid, self._keys(a, rid), args)
         elif metered and maybe_ran:
             self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
@@ -725,10 +723,16 @@ class RedisLimits:
         args = self._settle_args(a, rid, spent, made)
         self._backlog.owe(a, rid, self._keys(a, rid), args, spent.cost)
 
+    def _hold_args(
+        self, a: Allowance, rid: str, tokens: int, cost: int, made: dict[str, int] | None
+    ) -> tuple[bytes, ...]:
+        return (self._ttl, a.head[1], b"%d" % tokens, b"%d" % cost, *a.codes, rid.encode(),
+                _REC, *_budget_periods(a, made))  # fmt: skip
+
     async def hold(self, a: Allowance, rid: str, tokens: int, cost: int) -> None:
-        """Count in Redis a reservation made here (HOLD: never refused, at most once per id)."""
-        args = (self._ttl, a.head[1], b"%d" % tokens, b"%d" % cost, *a.codes, rid.encode(),
-                _REC, *_budget_periods(a, None))  # fmt: skip
+        """Count in Redis a reservation made here (HOLD: never refused, at most once per id),
+        now if Redis answers, else when it does (the operation a fallback's admissions get)."""
+        args = self._hold_args(a, rid, tokens, cost, None)
         self._backlog.reserved_here(a, rid, self._keys(a, rid), args)
         await self._backlog.catch_up()
 
