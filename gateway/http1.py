@@ -634,6 +634,8 @@ class ClientGuards(asyncio.Protocol):
         and dropped, closed within ``linger_s``), and this protocol lets go of it — the
         requests in flight see the client go away (499)."""
         transport = self.transport
+        if transport.is_closing():  # the client is gone already: nothing to linger for
+            return
         lingering = Lingering(transport, self.limits.linger_s)
         paused = self.read_paused
         transport.set_protocol(lingering)

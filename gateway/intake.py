@@ -29,6 +29,7 @@ import httptools
 
 from gateway.context import BODY_FOLLOWS
 from gateway.errors import error_body
+from gateway.memo import remember
 from gateway.origins import OriginPolicy, preflight
 from gateway.target import BadTarget, canonical_path, check_query
 from gateway.types import RawHeaders, Receive, Scope, Send
@@ -51,6 +52,8 @@ _HOST = re.compile(
     rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=\-]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)"
     rb"(?::[0-9]*)?"
 ).fullmatch
+_HOSTS: dict[bytes, bool] = {}
+_HOSTS_MAX = 1024
 #: never forwarded: TRACE reflects the request (the backend's key with it), CONNECT tunnels
 _NOT_SERVED = frozenset(("TRACE", "CONNECT"))
 _ALLOW = b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
@@ -60,12 +63,15 @@ _TYPES = {400: "invalid_request_error", 403: "permission_error", 405: "invalid_r
 
 
 def valid_host(value: bytes) -> bool:
-    """Whether a ``Host`` value is ``uri-host [":" port]``.
+    """Whether a ``Host`` value is ``uri-host [":" port]`` (remembered: clients send few).
 
     >>> [valid_host(v) for v in (b"gw:8080", b"[::1]:80", b"", b"a b", b"a/b", b"a@b", b"a:b:c")]
     [True, True, True, False, False, False, False]
     """
-    return _HOST(value) is not None
+    valid = _HOSTS.get(value)
+    if valid is None:
+        valid = remember(_HOSTS, value, _HOST(value) is not None, _HOSTS_MAX)
+    return valid
 
 
 class EdgeAnswer:
@@ -119,9 +125,12 @@ def admit(
         message = f"{method} is not served by the gateway"
         return refusal(405, "method_not_allowed", message, (b"allow", _ALLOW))
     try:
-        url = httptools.parse_url(target)
-        path = canonical_path(url.path or b"/")
-        query: bytes = url.query or b""
+        if target[:1] == b"/":  # origin-form, nearly every request: no URI parse needed
+            raw, _, query = target.partition(b"?")
+        else:  # absolute-form (RFC 9112 §3.2.2): its path; anything else is no path
+            url = httptools.parse_url(target)
+            raw, query = url.path or b"/", url.query or b""
+        path = canonical_path(raw)
         if query:
             check_query(query)
     except httptools.HttpParserInvalidURLError:

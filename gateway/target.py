@@ -20,8 +20,8 @@ The rules (RFC 3986 §6.2.2, with what an API gateway must add to it):
 - empty segments are dropped: ``/v1//files`` is ``/v1/files`` (nginx's ``merge_slashes``) and a
   trailing ``/`` is dropped (``/v1/files/`` is ``/v1/files``); the root is ``/``.
 
-The query string is kept as the client sent it; only control characters (and a raw space) are
-refused there.
+The query string is kept as the client sent it; only control characters, a raw space and a
+fragment's ``#`` are refused there.
 
 An already-canonical path — nearly every request — is recognised by one regular-expression match
 and returned as it is; only the others are rebuilt.
@@ -66,10 +66,13 @@ _PCHAR = rb"A-Za-z0-9\-._~!$&'()*+,=:@"
 #: nor refused (space " < > [ ] ^ ` { | }) and every 8-bit byte
 _KEPT = rb"%(?:2[02]|3[CE]|5[BDE]|60|7[BCD]|[89A-F][0-9A-F])"
 #: a canonical path: "/" or "/"-separated non-empty segments of plain pchar and kept escapes,
-#: none "." or ".."
+#: none "." or ".." (possessive runs: a long segment that fails does not backtrack)
 _CANONICAL = re.compile(
-    rb"/|(?:/(?!\.\.?(?:/|\Z))(?:[" + _PCHAR + rb"]|" + _KEPT + rb")+)+"
+    rb"/|(?:/(?!\.\.?(?:/|\Z))(?:[" + _PCHAR + rb"]++|" + _KEPT + rb")+)+"
 ).fullmatch
+#: the common canonical path, with no escape at all: one character class per segment, the
+#: cheapest match (escapes take the rebuild, which keeps a canonical path as it is)
+_PLAIN = re.compile(rb"/|(?:/(?!\.\.?(?:/|\Z))[" + _PCHAR + rb"]+)+").fullmatch
 #: what a segment may hold before decoding: plain pchar and well-formed escapes
 _SEGMENT = re.compile(rb"(?:[" + _PCHAR + rb"]|%[0-9A-Fa-f]{2})*").fullmatch
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
@@ -91,8 +94,9 @@ _REFUSED = {
     0x3F: 'the path may not hold an encoded "?" or "#"',
     0x23: 'the path may not hold an encoded "?" or "#"',
 }
-#: a query string's refused bytes: control characters and a raw space (RFC 3986 §3.4)
-_BAD_QUERY = re.compile(rb"[\x00-\x20\x7f]").search
+#: a query string's refused bytes: control characters, a raw space and "#" (RFC 3986 §3.4; a
+#: request target has no fragment, RFC 9112 §3.2)
+_BAD_QUERY = re.compile(rb"[\x00-\x20#\x7f]").search
 
 
 def is_canonical(path: bytes) -> bool:
@@ -124,7 +128,7 @@ def canonical_scope(scope: Mapping[str, Any]) -> bool:
 
 def canonical_path(path: bytes) -> bytes:
     """The canonical form of a request path (see the module), or :class:`BadTarget`."""
-    if _CANONICAL(path) is not None:
+    if _PLAIN(path) is not None:
         return path
     if path[:1] != b"/":
         raise BadTarget("the request target must be a path starting with /")
@@ -175,13 +179,14 @@ def _why_not(raw: bytes) -> str:
 
 
 def check_query(query: bytes) -> None:
-    """Refuse a query string with a control character or a raw space; else keep it as sent.
+    """Refuse a query string with a control character, a raw space or a ``#``; else keep it
+    as sent.
 
     >>> check_query(b"limit=2&after=file-1")
     >>> check_query(b"a=1\\x00")
     Traceback (most recent call last):
     ...
-    gateway.target.BadTarget: the query string may not hold a control character or a space
+    gateway.target.BadTarget: the query string may not hold a control character, a space or "#"
     """
     if _BAD_QUERY(query) is not None:
-        raise BadTarget("the query string may not hold a control character or a space")
+        raise BadTarget('the query string may not hold a control character, a space or "#"')
