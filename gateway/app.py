@@ -17,12 +17,12 @@ from contextlib import asynccontextmanager
 from gateway import endpoints, stateful
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
-from gateway.hops.edge import unsafe_path
 from gateway.live.view import LiveView
 from gateway.mcp.service import McpEndpoints
 from gateway.pipeline import model_call
 from gateway.realtime.session import Realtime, refuse_upgrade
 from gateway.runtime import Endpoint, Runtime, build_runtime
+from gateway.target import canonical_scope
 from gateway.telemetry.tracing import Tracing
 from gateway.types import Receive, Scope, Send
 
@@ -73,15 +73,14 @@ class Gateway:
                 status = 200 if path == "/healthz" else 503
                 await endpoints.plain_json(send, status, {"status": "starting"})
                 return
+            # the path is the canonical target the server made (docs/spec.md §25): every
+            # decision below and the upstream URL are made on that one spelling
             endpoint = self._endpoints.get(path)
             if endpoint is None:
                 endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
                 endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
-                # the upstream path must stay under the backend's base path (docs/spec.md §5)
-                if (why := unsafe_path(scope)) is not None:
-                    endpoint = endpoints.bad_path(why)
-                else:  # forwarded as the client wrote it (its harmless escapes kept)
-                    scope["path"] = scope.get("raw_path", b"").decode("latin-1") or path
+                if not canonical_scope(scope):  # a scope made by another server: not forwarded
+                    endpoint = endpoints.bad_path("the path is not in its canonical form")
             await endpoint(rt, scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
+from gateway.origins import check_entries
+from gateway.target import is_canonical
+
 ENV_PREFIX = "GATEWAY__"
 CONFIG_ENV = "GATEWAY_CONFIG"
 
@@ -55,6 +58,9 @@ class ServerConfig:
     client_body_timeout_s: float = 30.0
     #: beyond it new connections are refused instead of exhausting file descriptors
     max_client_connections: int = 10_000
+    #: browser origins whose requests are served (docs/spec.md §25); unset: the gateway's own
+    #: origin and loopback origins on any port, which every list allows too; "*": all (unsafe)
+    allowed_origins: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -724,6 +730,8 @@ def _check_server(s: ServerConfig, err: _Errors) -> None:
     err.positive(s, "server", "max_upload_bytes")
     err.positive(s, "server", "max_client_connections")
     err.positive(s, "server", "shutdown_grace_s", allow_zero=True)
+    for problem in check_entries(s.allowed_origins or ()):
+        err("server.allowed_origins", problem)
 
 
 def _check_backends(backends: tuple[BackendConfig, ...], err: _Errors) -> set[str]:
@@ -930,6 +938,9 @@ def _check_ui(ui: UiConfig, err: _Errors) -> None:
         err("ui.path", f"must start and end with '/', e.g. '/_gateway/', got {ui.path!r}")
     elif ui.path.startswith("/v1/") or ui.path in ("/healthz/", "/readyz/", "/metrics/"):
         err("ui.path", f"must not shadow the gateway's own endpoints, got {ui.path!r}")
+    elif not is_canonical(ui.path[:-1].encode("utf-8", "surrogateescape")):
+        # requests are routed by their canonical target (docs/spec.md §25)
+        err("ui.path", f"must be a path in its canonical form (§25), got {ui.path!r}")
     err.positive(ui, "ui", "recent")
 
 

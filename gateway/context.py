@@ -13,8 +13,6 @@ Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` un
     auth_done                        key checked, tenant known
     routed                           body parsed, route chosen, cache looked up
     upstream_sent       [US_TX_BEG]  right before the request's last write to the upstream socket
-    upstream_first_byte [US_RX_BEG]  the answer's first byte read from the upstream socket
-    upstream_done       [US_RX_END]  its last byte read (or the stream ended)
     client_first_byte   [DS_TX_BEG]  response headers handed to the client transport
     first_content                    first content-bearing SSE event sent (TTFT)
     done                [DS_TX_END]  the last byte handed to the client transport
@@ -58,8 +56,9 @@ class Timeline:
     auth_done: float | None = None
     routed: float | None = None
     upstream_sent: float | None = None
+    #: read nowhere: each attempt keeps its own first byte (:attr:`Attempt.first_byte`); only
+    #: the realtime upstream still writes this copy
     upstream_first_byte: float | None = None
-    upstream_done: float | None = None
     client_first_byte: float | None = None
     first_content: float | None = None
     last_event: float | None = None

@@ -27,8 +27,22 @@ HOP_BY_HOP = frozenset(
         b"trailer",
     }
 )
+#: the CORS response headers: the gateway grants CORS itself, to the origins it allows
+#: (docs/spec.md §25), never an upstream's grant
+CORS_RESPONSE = frozenset(
+    {
+        b"access-control-allow-origin",
+        b"access-control-allow-credentials",
+        b"access-control-allow-methods",
+        b"access-control-allow-headers",
+        b"access-control-expose-headers",
+        b"access-control-max-age",
+    }
+)
 #: response headers never copied from the upstream (the gateway sets its own)
-DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+DROP_RESPONSE = (
+    HOP_BY_HOP | CORS_RESPONSE | {b"content-length", b"server", b"date", b"x-request-id"}
+)
 #: the usual Connection values: they name only hop-by-hop headers (dropped already)
 _PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 #: answers the gateway encodes itself vary by Accept-Encoding (docs/spec.md §9)

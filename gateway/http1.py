@@ -7,7 +7,8 @@ is one :class:`Exchange` (the ASGI ``receive``/``send`` of that request)::
 
     accept ─▶ data_received ─▶ httptools ─▶ on_message_begin (the ``received`` stamp)
                                          ─▶ on_url / on_header (the caps: 414, 431, 400)
-                                         ─▶ on_headers_complete ─▶ Exchange ─▶ the app's task
+                                         ─▶ on_headers_complete ─▶ gateway/intake.py's rules
+                                            ─▶ Exchange ─▶ the app's task (or the edge's answer)
                                          ─▶ on_body / on_message_complete ─▶ ``receive()``
 
 What it does, and how:
@@ -19,9 +20,18 @@ What it does, and how:
 - **the client guards** (docs/spec.md §4 ``[server]``): a head due ``client_header_timeout_s``
   after the accept or the next request's first byte, body reads no more than
   ``client_body_timeout_s`` apart (time the gateway is not reading never counts), 408 either
-  way; a head over 64 KiB or 100 headers is 431, a target over 64 KiB is 414, a header value
-  holding a line break or anything httptools refuses is 400; beyond ``max_client_connections``
-  a new connection gets 503 and is closed. All in the OpenAI error shape, then closed.
+  way; a head over 64 KiB or 100 headers is 431 — counted as the bytes arrive, so a field
+  httptools holds until its CRLF cannot grow past it (head or trailers) —, a target over 64 KiB
+  is 414, a header value holding a line break or anything httptools refuses is 400; beyond
+  ``max_client_connections`` a new connection gets 503 and is closed. All in the OpenAI error
+  shape, then closed.
+- **the edge's rules** (docs/spec.md §25, :mod:`gateway.intake`): the canonical target in
+  ``scope["path"]`` and ``scope["raw_path"]`` (one spelling), exactly one valid ``Host``, no
+  ``TRACE``/``CONNECT``, the ``Origin`` policy and CORS; a refusal is answered in the request's
+  place (pipelined answers keep their order) and ends the connection.
+- **lingering close**: an answer given before its request's body was read ends the connection —
+  ``Connection: close``, a half-close, what the client still sends dropped, aborted after
+  ``linger_s`` (:class:`~gateway.intake.Lingering`) — instead of reading a body nobody will use.
 - **``Expect: 100-continue``**: ``100 Continue`` goes out when the app first asks for the body
   (a request answered without reading it never gets one).
 - **the ``received`` stamp** (:data:`gateway.context.RECEIVED_AT`): the read that holds a
@@ -53,7 +63,6 @@ import http
 import logging
 import re
 import time
-import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from email.utils import formatdate
@@ -64,6 +73,8 @@ import httptools
 from gateway.context import BODY_FOLLOWS, RECEIVED_AT
 from gateway.deadline import Deadline
 from gateway.errors import error_body
+from gateway.intake import NOTED, TWICE, Lingering, admit
+from gateway.origins import OriginPolicy, cors_headers
 from gateway.realtime.server_protocol import RealtimeWebSocketProtocol
 
 log = logging.getLogger("gateway")
@@ -83,6 +94,8 @@ class ClientLimits:
     #: and 100; nginx's 4 x 8 KiB): beyond them, 431 and the connection is closed
     max_head_bytes: int = 64 * 1024
     max_headers: int = 100
+    #: a connection answered early is closed after at most this long (:class:`Lingering`)
+    linger_s: float = 2.0
 
 
 _frozen = False
@@ -116,6 +129,14 @@ def canned(status: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
 #: the OpenAI error type of each answer sent outside a request (the rest: invalid_request_error)
 _CANNED_TYPES = {b"408": "request_timeout", b"503": "service_unavailable"}
 _RETRY_1 = b"retry-after: 1\r\n"
+
+
+def _too_large(limits: ClientLimits) -> bytes:
+    return canned(
+        b"431 Request Header Fields Too Large",
+        "request_header_fields_too_large",
+        f"the request head is over {limits.max_headers} headers or {limits.max_head_bytes} bytes",
+    )
 
 
 def _status_line(code: int) -> bytes:
@@ -157,6 +178,7 @@ class Edge:
         freeze_gc: bool = False,
         ws_enabled: bool = False,
         ws_max_size: int = 16 * 1024 * 1024,
+        origins: OriginPolicy | None = None,
     ) -> None:
         self.app = app
         #: the lifespan state (ASGI ``scope["state"]``): each request gets a shallow copy
@@ -170,6 +192,8 @@ class Edge:
         self.ws_enabled = ws_enabled
         #: a WebSocket message over this many bytes closes the session (1009)
         self.ws_max_size = ws_max_size
+        #: ``[server] allowed_origins`` (docs/spec.md §25)
+        self.origins = origins or OriginPolicy(None)
         #: the open connections (each has ``shutdown()``) and the running request tasks
         self.connections: set[Any] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -213,9 +237,11 @@ class Exchange:
         "_left",
         "_read_all",
         "_waiter",
+        "app",
         "body",
         "chunked",
         "conn",
+        "cors",
         "disconnected",
         "head_only",
         "keep_alive",
@@ -227,10 +253,20 @@ class Exchange:
     )
 
     def __init__(
-        self, conn: Http1Protocol, scope: dict[str, Any], keep_alive: bool, expect: bool
+        self,
+        conn: Http1Protocol,
+        scope: dict[str, Any],
+        keep_alive: bool,
+        expect: bool,
+        app: Any,
+        cors: bytes | None = None,
     ) -> None:
         self.conn = conn
         self.scope = scope
+        #: what answers the request: the app, or the edge's own answer (gateway/intake.py)
+        self.app = app
+        #: an allowed Origin: the answer carries CORS for it (docs/spec.md §25)
+        self.cors = cors
         self.keep_alive = keep_alive
         self.waiting_for_100_continue = expect
         self.head_only = scope["method"] == "HEAD"
@@ -263,9 +299,9 @@ class Exchange:
             self.disconnected = True
         self.wake()
 
-    async def run(self, app: Any) -> None:
+    async def run(self) -> None:
         try:
-            result = await app(self.scope, self.receive, self.send)
+            result = await self.app(self.scope, self.receive, self.send)
         except BaseException as exc:
             log.error("Exception in ASGI application", exc_info=exc)
             if not self.response_started:
@@ -347,6 +383,13 @@ class Exchange:
     def _start(self, status: int, headers: Any) -> None:
         conn = self.conn
         parts = [STATUS_LINES[status], conn.edge.date]
+        if self.more_body and conn.exchange is self:
+            # answered before its body was read: the connection ends with this answer
+            # (:meth:`Http1Protocol.answered` lingers), never reading a body nobody will use
+            self.keep_alive = False
+        if self.cors is not None:
+            for name, value in cors_headers(self.cors):
+                parts += (name, b": ", value, b"\r\n")
         said_close = False
         length = None
         chunked = False
@@ -436,9 +479,31 @@ class ClientGuards(asyncio.Protocol):
     _headers: list[tuple[bytes, bytes]]
     _url: bytes
     _head_bytes: int
+    _progress: int
+    _quiet: int
     _expect_continue: bool
     _upgrade_to: bytes | None
+    _host: bytes | None
+    _noted: dict[bytes, bytes] | None
+    _target: bytes
     _refusal: bytes | None
+
+    def _no_head(self) -> None:
+        """The head-reading state of a connection that has read no head yet."""
+        self._headers = []
+        self._url = b""
+        self._head_bytes = 0
+        #: counts what the parser completed (a piece of the target, a header, body bytes) ...
+        self._progress = 0
+        #: ... and the bytes of the reads since in which it completed nothing
+        self._quiet = 0
+        self._expect_continue = False
+        self._upgrade_to = None
+        self._host = self._noted = None
+        #: the canonical target (path and query) a WebSocket handshake is handed over with
+        self._target = b""
+        #: the whole answer to send when a guard refused the head (else a plain 400)
+        self._refusal = None
 
     def on_message_begin(self) -> None:
         # httptools calls this from data_received on the request's first byte: that read is the
@@ -447,6 +512,7 @@ class ClientGuards(asyncio.Protocol):
         self._url = b""
         self._head_bytes = 0
         self._expect_continue = False
+        self._host = self._noted = None
         headers: list[tuple[bytes, bytes]] = []
         self._headers = headers
         self.scope = {
@@ -465,6 +531,7 @@ class ClientGuards(asyncio.Protocol):
             self._expect(Awaiting.HEAD)
 
     def on_url(self, url: bytes) -> None:
+        self._progress += 1
         self._url += url
         self._head_bytes += len(url)
         if self._head_bytes > self.limits.max_head_bytes:
@@ -473,14 +540,11 @@ class ClientGuards(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         limits = self.limits
         headers = self._headers
+        self._progress += 1
         self._head_bytes += len(name) + len(value)
         if len(headers) >= limits.max_headers or self._head_bytes > limits.max_head_bytes:
-            self._refuse_head(
-                b"431 Request Header Fields Too Large",
-                "request_header_fields_too_large",
-                f"the request head is over {limits.max_headers} headers or "
-                f"{limits.max_head_bytes} bytes",
-            )
+            self._refusal = _too_large(limits)
+            raise httptools.HttpParserError("the request head is too large")
         if b"\r" in value or b"\n" in value:
             # an obs-fold (RFC 9112 §5.2) or a bare CR/LF that a lenient parser let through: never
             # forwarded, where it would start a header line of its own upstream
@@ -490,11 +554,24 @@ class ClientGuards(asyncio.Protocol):
         name = name.lower()
         # llhttp keeps trailing whitespace, which RFC 9110 §5.5 excludes from the value
         value = value.rstrip(b" \t")
-        if name == b"expect" and value.lower() == b"100-continue":
-            self._expect_continue = True
+        if name in NOTED:
+            self._note(name, value)
+        headers.append((name, value))
+
+    def _note(self, name: bytes, value: bytes) -> None:
+        """A header the edge reads itself (gateway/intake.py); a second ``Host`` or ``Origin``
+        is remembered as :data:`~gateway.intake.TWICE` (refused)."""
+        if name == b"host":
+            self._host = value if self._host is None else TWICE
+        elif name == b"expect":
+            self._expect_continue = value.lower() == b"100-continue"
         elif name == b"upgrade":
             self._upgrade_to = value.lower()
-        headers.append((name, value))
+        else:  # origin, access-control-request-*
+            noted = self._noted
+            if noted is None:
+                noted = self._noted = {}
+            noted[name] = value if name not in noted else TWICE
 
     def _refuse_head(self, status: bytes, code: str, message: str) -> None:
         """Stop parsing this head: :meth:`data_received` sends ``status`` and closes."""
@@ -542,17 +619,28 @@ class ClientGuards(asyncio.Protocol):
         if active is None or active.response_complete or not active.response_started:
             self.transport.write(canned(b"408 Request Timeout", code, message))
         # the request path sees the client go away (499); nothing else is written
-        self.transport.close()
-        for exchange in (active, self.exchange):
-            if exchange is not None:
-                exchange.lost()
+        self._linger()
 
     def _close_with(self, answer: bytes) -> None:
         self.awaiting = Awaiting.NOTHING
         self._guard.stop()
         if not self.transport.is_closing():
             self.transport.write(answer)
-            self.transport.close()
+            self._linger()
+
+    def _linger(self) -> None:
+        """End the connection after an answer the client may still be sending a body to:
+        :class:`~gateway.intake.Lingering` takes the transport over (half-close, the rest read
+        and dropped, closed within ``linger_s``), and this protocol lets go of it — the
+        requests in flight see the client go away (499)."""
+        transport = self.transport
+        if transport.is_closing():  # the client is gone already: nothing to linger for
+            return
+        lingering = Lingering(transport, self.limits.linger_s)
+        paused = self.read_paused
+        transport.set_protocol(lingering)
+        self.connection_lost(None)
+        lingering.start(paused)
 
     def _idle_expired(self) -> None:
         """A kept-alive connection idle for the edge's ``keep_alive_s``: closed."""
@@ -590,13 +678,7 @@ class Http1Protocol(ClientGuards):
         self.active: Exchange | None = None
         self.pipeline: deque[Exchange] = deque()
         self.scope: dict[str, Any] = {}
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._url = b""
-        self._head_bytes = 0
-        self._expect_continue = False
-        self._upgrade_to: bytes | None = None
-        #: the whole answer to send when a guard refused the head (else a plain 400)
-        self._refusal: bytes | None = None
+        self._no_head()
 
     # ------------------------------------------------------------ the transport's side
 
@@ -639,6 +721,7 @@ class Http1Protocol(ClientGuards):
 
     def data_received(self, data: bytes) -> None:
         self._idle.since = None
+        progress = self._progress
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -650,6 +733,16 @@ class Http1Protocol(ClientGuards):
                 refusal = canned(b"400 Bad Request", "invalid_request", "invalid HTTP request")
             self._close_with(refusal)
             return
+        if self._progress != progress:
+            self._quiet = 0
+        else:
+            # a whole read in which the parser completed nothing: httptools holds a header field
+            # (of the head or of a chunked body's trailers) until its CRLF, so what it holds is
+            # counted here, as it arrives, not only in on_header
+            self._quiet += len(data)
+            if self._quiet > self.limits.max_head_bytes:
+                self._close_with(_too_large(self.limits))
+                return
         # a read that leaves a head or a body unfinished arms the guard's timer (if it is not):
         # a request that arrives whole in one read (nearly all of them) costs no timer at all
         self._guard.arm()
@@ -700,16 +793,19 @@ class Http1Protocol(ClientGuards):
         if version != "1.1":
             scope["http_version"] = version
         upgrade = parser.should_upgrade()
-        if upgrade and self._upgrade_to == b"websocket" and self.ws_enabled:
-            return  # data_received hands the connection over (HttpParserUpgrade)
-        url = httptools.parse_url(self._url)
-        raw_path = url.path
-        path = raw_path.decode("ascii")
-        scope["path"] = urllib.parse.unquote(path) if "%" in path else path
-        scope["raw_path"] = raw_path
-        scope["query_string"] = url.query or b""
+        # the method, the target's canonical form, Host, Origin (docs/spec.md §25)
+        verdict = admit(scope, self._url, version, self._host, self._noted, self.edge.origins)
+        if verdict is None or isinstance(verdict, bytes):
+            if upgrade and self._upgrade_to == b"websocket" and self.ws_enabled:
+                query = scope["query_string"]
+                self._target = scope["raw_path"] + b"?" + query if query else scope["raw_path"]
+                return  # data_received hands the connection over (HttpParserUpgrade)
+            app, cors, refused = self.app, verdict, False
+        else:  # the edge answers: a preflight keeps the connection, a refusal ends it
+            app, cors, refused = verdict, None, verdict.status >= 400
         keep_alive = version != "1.0" and parser.should_keep_alive() and not upgrade
-        exchange = Exchange(self, scope, keep_alive, self._expect_continue)
+        keep_alive = keep_alive and not refused
+        exchange = Exchange(self, scope, keep_alive, self._expect_continue, app, cors)
         self.exchange = exchange
         # a body may follow: the gaps between its reads are watched until message complete
         self._expect(Awaiting.BODY)
@@ -722,6 +818,7 @@ class Http1Protocol(ClientGuards):
             self.transport.pause_reading()
 
     def on_body(self, body: bytes) -> None:
+        self._progress += 1
         self._guard.touch()
         exchange = self.exchange
         if exchange is None or exchange.response_complete:
@@ -745,7 +842,7 @@ class Http1Protocol(ClientGuards):
 
     def _start(self, exchange: Exchange) -> None:
         self.active = exchange
-        task = self.loop.create_task(exchange.run(self.app))
+        task = self.loop.create_task(exchange.run())
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -755,7 +852,10 @@ class Http1Protocol(ClientGuards):
         transport = self.transport
         if not exchange.keep_alive:
             self.pipeline.clear()
-            transport.close()
+            if self.exchange is exchange and exchange.more_body:
+                self._linger()  # a body is still owed: not read to its end (413, 401, ...)
+            else:
+                transport.close()
             return
         if transport.is_closing():
             return
@@ -791,7 +891,7 @@ class Http1Protocol(ClientGuards):
         )
         protocol.connection_made(self.transport)
         self.transport.set_protocol(protocol)
-        protocol.upgrade(self.scope, self._url, self._headers)
+        protocol.upgrade(self.scope, self._target, self._headers)
 
 
 __all__ = [

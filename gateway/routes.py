@@ -24,7 +24,6 @@ class Backend:
 
     __slots__ = (
         "auth_header",
-        "base_path",
         "base_url",
         "config",
         "default_headers",
@@ -47,14 +46,13 @@ class Backend:
         self.provider = config.provider
         self.base_url = config.url.split("?", 1)[0].rstrip("/")
         parts = urlsplit(config.url)
-        self.base_path = parts.path.rstrip("/")
         self.host = parts.hostname or "mock"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         key = env.get(config.api_key_env) if config.api_key_env else None
         anthropic = config.provider == "anthropic"
         #: the backend's own key; no client credential ever goes upstream (docs/spec.md §5).
-        #: Anthropic
-        #: takes it as x-api-key (an Authorization header there is an OAuth token, not a key)
+        #: Anthropic takes it as x-api-key (an Authorization header there is an OAuth token,
+        #: not a key)
         self.auth_header: tuple[str, str] | None = None
         if key:
             self.auth_header = (

@@ -50,6 +50,7 @@ from typing import Any
 
 from gateway.config import Config, is_loopback
 from gateway.http1 import Awaiting, ClientLimits, Edge, Http1Protocol, date_line
+from gateway.origins import OriginPolicy
 from gateway.supervisor import STARTUP_FAILURE, Supervisor
 from gateway.types import ASGIApp
 
@@ -74,7 +75,7 @@ def client_limits(config: Config) -> ClientLimits:
 def edge_for(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> Edge:
     """What the connections of a gateway process share: the app, the ``[server]`` guards,
     WebSocket upgrades (``GET /v1/realtime``, docs/spec.md §19) with frames over ``[realtime]
-    max_message_bytes`` closing the session (1009)."""
+    max_message_bytes`` closing the session (1009), the Origin policy (docs/spec.md §25)."""
     edge = Edge(
         app,
         limits=client_limits(config),
@@ -82,8 +83,16 @@ def edge_for(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> Edge:
         freeze_gc=freeze_gc,
         ws_enabled=True,
         ws_max_size=config.realtime.max_message_bytes,
+        origins=origin_policy(config),
     )
     return edge
+
+
+def origin_policy(config: Config) -> OriginPolicy:
+    """``[server] allowed_origins``, with the origins ``[[mcp_servers]]`` list for ``/mcp``
+    (docs/spec.md §25)."""
+    mcp = [origin for server in config.mcp_servers for origin in server.allowed_origins]
+    return OriginPolicy(config.server.allowed_origins, mcp)
 
 
 class Lifespan:

@@ -10,7 +10,9 @@ budgets) reads that one number::
     cost = ((input - cached - cache_write) * input_price + cached * cached_input_price
             + cache_write * cache_write_price + output * output_price) / 10**6
 
-A cache hit costs nothing; a model without a price has no cost (None). Budgets count in whole
+A cache hit costs nothing; a model without a price has no cost (None); an answer that
+completed without reporting usage costs what it reserved (:func:`unreported`: the budget is
+charged that, and the span, the access log and the metric say that). Budgets count in whole
 nano-dollars (:func:`nano`), so every replica and the Redis script add the same integers.
 
 Before a request goes upstream its worst case is reserved (:func:`estimate`): the body's UTF-8
@@ -145,7 +147,25 @@ class Prices:
             return None
         if ctx.cache.result == "hit":  # served by the gateway: no upstream tokens
             return 0.0
-        return price.cost(ctx.answer.tokens)
+        answer = ctx.answer
+        if answer.reserved_nano and unreported(ctx):  # the worst case its budget was charged
+            return answer.reserved_nano / 1e9
+        return price.cost(answer.tokens)
+
+
+def unreported(ctx: RequestContext) -> bool:
+    """A model call that completed without its upstream reporting usage (one that ignored the
+    ``stream_options.include_usage`` the gateway asked for): it costs the worst case it was
+    given, its reservation -- in its budget and in every figure that shows its cost."""
+    answer = ctx.answer
+    return (
+        not answer.tokens.reported
+        and ctx.call is not None
+        and bool(ctx.attempts)
+        and 200 <= answer.status < 300
+        and answer.error is None
+        and not ctx.disconnected
+    )
 
 
 def cost(ctx: RequestContext) -> float | None:
@@ -319,5 +339,6 @@ __all__ = [
     "estimate",
     "nano",
     "period_bounds",
+    "unreported",
     "usd_text",
 ]

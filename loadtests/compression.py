@@ -16,7 +16,7 @@ per response) over as many iterations as fit in ``--budget`` seconds (at least 5
 after a warm-up. For ``sse`` it also prints the resident memory one live stream's encoder holds
 (``KiB/stream``: 200 encoders that have each sent one event, measured in a fresh child process),
 since a stream's encoder lives as long as the stream. ``*`` marks the gateway's defaults
-(``gateway.encoding``: body levels for the bodies, the stream profile for ``sse``).
+(``gateway.encoding.levels``: body levels for the bodies, the stream profile for ``sse``).
 
 Nothing here is a test: numbers vary with the machine; read them as ratios.
 """
@@ -30,17 +30,21 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import brotli  # type: ignore[import-untyped]  # brotli 1.2 ships no type information
 import orjson
+import zstandard
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from gateway import encoding as enc  # noqa: E402
+from gateway.encoding import levels  # noqa: E402
 from gateway.mock import engine  # noqa: E402
 
 MIN_ITERATIONS = 5
@@ -65,7 +69,7 @@ def _coders() -> list[Coder]:
         coders.append(Coder(f"br:{q}:{lgwin}", "br", label, lambda: enc.BrotliEncoder(q, lgwin)))
 
     def zstd(level: int, small: bool = False) -> None:
-        params = enc.ZSTD_STREAM_PARAMS if small else {}
+        params = levels.ZSTD_STREAM_PARAMS if small else {}
         pool = enc.ZstdCompressorPool(level, **params)
         label = f"{level}" + (" small" if small else "")
         key = f"zstd:{level}:{int(small)}"
@@ -89,14 +93,14 @@ def _coders() -> list[Coder]:
 def _defaults(stream: bool) -> set[str]:
     if stream:
         return {
-            f"br:{enc.BR_STREAM_QUALITY}:{enc.BR_STREAM_LGWIN}",
-            f"zstd:{enc.ZSTD_STREAM_LEVEL}:1",
-            f"gzip:{enc.GZIP_STREAM_LEVEL}:0",
+            f"br:{levels.BR_STREAM_QUALITY}:{levels.BR_STREAM_LGWIN}",
+            f"zstd:{levels.ZSTD_STREAM_LEVEL}:1",
+            f"gzip:{levels.GZIP_STREAM_LEVEL}:0",
         }
     return {
-        f"br:{enc.BR_QUALITY}:{enc.BR_LGWIN}",
-        f"zstd:{enc.ZSTD_LEVEL}:0",
-        f"gzip:{enc.GZIP_LEVEL}:0",
+        f"br:{levels.BR_QUALITY}:{levels.BR_LGWIN}",
+        f"zstd:{levels.ZSTD_LEVEL}:0",
+        f"gzip:{levels.GZIP_LEVEL}:0",
     }
 
 
@@ -262,7 +266,8 @@ EXTREME = {"br:11:22", "zstd:19:0"}
 
 REASONS = """\
 Why (the rule: the cheapest level within about a point of the best ordinary level, i.e. not br 11
-or zstd 19; for streams, memory per live encoder breaks ties; details in gateway/encoding.py):
+or zstd 19; for streams, memory per live encoder breaks ties; details in
+gateway/encoding/levels.py):
   bodies   br    q3 (64 KiB window) is within 0.2 points of the best on both embeddings bodies
                  at the lowest CPU; on chat q5 saves ~4 points (~60 bytes) more, but both fit in
                  one TCP segment: not worth ~1.8x the CPU. lgwin 16 allocates ~3x less than 22.
@@ -315,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         _rss_child(args.rss)
         return 0
     print(
-        f"python {sys.version.split()[0]}, brotli {enc.brotli.__version__}, "
-        f"zstandard {enc.zstandard.__version__}, zlib {enc.zlib.ZLIB_RUNTIME_VERSION}"
+        f"python {sys.version.split()[0]}, brotli {brotli.__version__}, "
+        f"zstandard {zstandard.__version__}, zlib {zlib.ZLIB_RUNTIME_VERSION}"
     )
     shapes = args.shape or list(SHAPES)
     rows = run(args.budget, shapes, rss=not args.no_rss and sys.platform == "linux")

@@ -10,11 +10,19 @@ It starts, each as its own process stopped by its own PID at the end:
   5 s, read timeout 2 s, stream idle timeout 1 s, no cache) and three routes over them —
   ``ordered``, ``weighted`` 3:1 and ``least_outstanding`` — each with 2 retries and fallback.
 
+Beside them, for the sessions (loadtests/soak_sessions.py): ``gateway mock-upstream`` (a
+route ``sessions`` for the realtime model ``rt-soak`` and every file purpose) and an MCP server
+(the official SDK's ``MCPServer`` on uvicorn, ``tools``; with the built-in ``builtin``, both
+behind ``/mcp``).
+
 Then ``--clients`` asyncio clients (raw HTTP/1.1 over keep-alive loopback sockets, uvloop) send
 requests for ``--duration`` seconds (600 at most), each choosing JSON or a stream, an answer
 length, a route and a fault (the ``x-fault`` header, forwarded upstream): none, latency, reset
 mid-body, timeout, slicer, limit_data, drip (faster and slower than the idle timeout), or a
-status (400, 429, 500, 503); with a think time of up to ``--think-ms`` between requests.
+status (400, 429, 500, 503); with a think time of up to ``--think-ms`` between requests. About
+one turn in eight is a session instead: a realtime session over WebSocket, an MCP session
+through ``/mcp`` (initialize, tools/list, tools/call, its end) or a file uploaded (multipart),
+streamed back and deleted — each judged expected or unexpected (loadtests/soak_sessions.py).
 
 Every answer is classified: a **full answer** (200 whose JSON or SSE content is exactly what the
 upstream sent, a stream ending with ``data: [DONE]``), a **documented error** (400, 429, 500,
@@ -33,7 +41,8 @@ upstreams saw, and the gateway's RSS, open file descriptors and TCP connections
 (``/proc/<pid>``) at the start (idle, after a warm-up), every minute under load and at the end
 (idle again, clients gone).
 
-Exit status: 0 when nothing was unexpected or unexplained and the gateway exited 0 after SIGTERM,
+Exit status: 0 when nothing was unexpected or unexplained (requests and sessions) and the
+gateway exited 0 after SIGTERM,
 1 otherwise, 2 for bad arguments. All traffic stays on 127.0.0.1; temp files live in one temp
 dir that is removed at the end.
 """
@@ -67,6 +76,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from loadtests.soak_sessions import Sessions, SessionTally  # noqa: E402
+from loadtests.soak_sessions import gateway_toml as sessions_toml  # noqa: E402
 from tests.faults import expected_text  # noqa: E402  (what the fault upstream answers)
 from tests.gateway_process import parse_head  # noqa: E402
 
@@ -308,11 +319,18 @@ class Tally:
             self.examples.append(f"{time.monotonic() - self.started:6.1f} s  {line}")
 
 
-async def client(port: int, seed: int, until: float, think_s: float, tally: Tally) -> None:
+async def client(
+    port: int, seed: int, until: float, think_s: float, tally: Tally, sessions: Sessions
+) -> None:
     rng = random.Random(seed)
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     try:
         while time.monotonic() < until:
+            kind = sessions.pick(rng)
+            if kind is not None:  # a session instead of a chat request this turn
+                await sessions.run(kind, rng)
+                await asyncio.sleep(rng.uniform(0, think_s))
+                continue
             ask = Ask.pick(rng)
             if conn is None:
                 conn = await asyncio.open_connection("127.0.0.1", port)
@@ -341,6 +359,7 @@ async def client(port: int, seed: int, until: float, think_s: float, tally: Tall
     finally:
         if conn is not None:
             _close(conn[1])
+        await sessions.aclose()
 
 
 def _close(writer: asyncio.StreamWriter) -> None:
@@ -350,12 +369,14 @@ def _close(writer: asyncio.StreamWriter) -> None:
 
 async def drive(
     port: int, clients: int, duration: float, think_s: float, seed: int, sample: Any
-) -> tuple[Tally, list[tuple[str, Sample]]]:
-    tally = Tally()
+) -> tuple[Tally, SessionTally, list[tuple[str, Sample]]]:
+    tally, sessions = Tally(), SessionTally()
     started = time.monotonic()
     until = started + duration
     tasks = [
-        asyncio.create_task(client(port, seed * 100_003 + i, until, think_s, tally))
+        asyncio.create_task(
+            client(port, seed * 100_003 + i, until, think_s, tally, Sessions(port, sessions))
+        )
         for i in range(clients)
     ]
     samples: list[tuple[str, Sample]] = []
@@ -366,13 +387,14 @@ async def drive(
             samples.append((f"under load at {t:.0f} s ({tally.requests} requests)", sample()))
             print(
                 f"  {t:5.0f} s  {tally.requests:8d} requests  "
-                f"unexpected {sum(tally.unexpected.values())}",
+                f"{sum(sessions.done.values()):6d} sessions  "
+                f"unexpected {sum(tally.unexpected.values()) + sessions.total}",
                 file=sys.stderr,
                 flush=True,
             )
     for t in tasks:
         t.result()
-    return tally, samples
+    return tally, sessions, samples
 
 
 # ---------------------------------------------------------------- processes
@@ -418,7 +440,7 @@ def started(args: list[str], port: int, log: Path, what: str) -> Iterator[subpro
         stop(proc)
 
 
-def gateway_toml(port: int, upstreams: list[int]) -> str:
+def gateway_toml(port: int, upstreams: list[int], mock: int, mcp: int) -> str:
     text = (
         f'[server]\nport = {port}\nshutdown_grace_s = 5\n\n[logging]\naccess_log = "off"\n'
         'level = "error"\n\n[cache]\nbackend = "off"\n\n'
@@ -430,7 +452,7 @@ def gateway_toml(port: int, upstreams: list[int]) -> str:
             f'[[routes]]\nname = "{route}"\nmodels = ["{route}-*"]\nbackends = ["a", "b"]\n'
             f"retries = 2\n{extra}\n"
         )
-    return text
+    return text + sessions_toml(mock, mcp)
 
 
 def rss_kb(pid: int) -> int:
@@ -538,7 +560,8 @@ def get_json(port: int, path: str) -> Any:
 
 
 def warm_up(port: int) -> None:
-    """A few clean requests of each form and route, so the start is measured warm."""
+    """A few clean requests of each form and route and a session of each kind, so the start
+    is measured warm."""
 
     async def main() -> None:
         for stream in (False, True):
@@ -549,6 +572,13 @@ def warm_up(port: int) -> None:
                     writer.write(ask.request(port))
                     judge(ask, await read_answer(reader))
                     _close(writer)
+        tally = SessionTally()
+        sessions = Sessions(port, tally)
+        for kind in ("realtime", "mcp", "files"):
+            await sessions.run(kind, random.Random(0))
+        await sessions.aclose()
+        if tally.total:
+            raise RuntimeError(f"a warm-up session went wrong: {tally.examples}")
 
     asyncio.run(main())
 
@@ -567,6 +597,7 @@ def seen_by(log: Path) -> dict[str, int]:
 def table(
     args: argparse.Namespace,
     tally: Tally,
+    sessions: SessionTally,
     samples: list[tuple[str, Sample]],
     backends: dict[str, dict[str, Any]],
     seen: dict[str, dict[str, int]],
@@ -601,6 +632,7 @@ def table(
     )
     for kind, n in sorted(tally.unexplained.items()):
         row(kind, n)
+    rows += sessions.rows()
     rows.append("outcomes per fault asked (200 = full answer, sse:* = cut stream's event)")
     for fault in FAULTS:
         counts = tally.by_fault.get(fault, Counter())
@@ -649,9 +681,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, tmp: Path) -> int:
     ups = [free_port(), free_port()]
-    gw_port = free_port()
+    gw_port, mock_port, mcp_port = free_port(), free_port(), free_port()
     config = tmp / "gateway.toml"
-    config.write_text(gateway_toml(gw_port, ups))
+    config.write_text(gateway_toml(gw_port, ups, mock_port, mcp_port))
     faults = [
         [
             sys.executable,
@@ -667,10 +699,14 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
         for port, (every, length) in zip(ups, BURSTS, strict=True)
     ]
     gateway = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(config)]
+    mock = [sys.executable, "-m", "gateway.cli", "mock-upstream", "--port", str(mock_port)]
+    mcp = [sys.executable, str(REPO / "loadtests/soak_sessions.py"), "--mcp-server", str(mcp_port)]
     logs = {"a": tmp / "a.log", "b": tmp / "b.log"}
     with (
         started(faults[0], ups[0], logs["a"], "fault upstream a"),
         started(faults[1], ups[1], logs["b"], "fault upstream b"),
+        started(mock, mock_port, tmp / "mock.log", "mock upstream"),
+        started(mcp, mcp_port, tmp / "mcp.log", "MCP server"),
         started(gateway, gw_port, tmp / "gateway.log", "gateway") as gw,
     ):
         warm_up(gw_port)
@@ -684,7 +720,7 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
         probe = StallProbe(gw_port)
         probe.start()
         try:
-            tally, samples = uvloop.run(
+            tally, sessions, samples = uvloop.run(
                 drive(gw_port, args.clients, args.duration, args.think_ms / 1000, args.seed, sample)
             )
         finally:
@@ -697,8 +733,8 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
     seen = {}
     for name, log in logs.items():
         seen[name] = seen_by(log)
-    print(table(args, tally, samples, backends, seen, exit_status, probe.summary()))
-    bad = sum(tally.unexpected.values()) + sum(tally.unexplained.values())
+    print(table(args, tally, sessions, samples, backends, seen, exit_status, probe.summary()))
+    bad = sum(tally.unexpected.values()) + sum(tally.unexplained.values()) + sessions.total
     return 0 if bad == 0 and exit_status == 0 else 1
 
 

@@ -62,16 +62,18 @@ def sse(name: str, obj: dict[str, Any]) -> bytes:
 
 def paced(events: list[bytes], sent_at: list[float], gap: float = GAP_S) -> Handler:
     """Send ``events`` one every ``gap`` seconds (the first with the headers), then end the body;
-    ``sent_at[i]`` is when event i had been handed to the socket."""
+    ``sent_at[i]`` is taken just before event i is written: no byte of it left earlier, and the
+    time is on record before the client can have the event (a stamp after the write raced a
+    client that finished reading first)."""
 
     async def handler(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
         writer.write(sse_head())
         for i, event in enumerate(events):
             if i:
                 await asyncio.sleep(gap)
+            sent_at.append(time.monotonic())
             writer.write(chunk(event))
             await writer.drain()
-            sent_at.append(time.monotonic())
         writer.write(LAST_CHUNK)
         return True
 

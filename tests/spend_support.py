@@ -224,8 +224,8 @@ class UsageUpstream:
         self.arrived = 0
         #: the bodies the gateway sent, in order
         self.bodies: list[dict[str, Any]] = []
-        #: a chat stream never reports usage, whatever ``stream_options`` asks (an upstream
-        #: that does not know the option)
+        #: a chat answer never reports usage: a stream whatever ``stream_options`` asks (an
+        #: upstream that does not know the option), a JSON answer with ``"usage": null``
         self.deaf = False
 
     def handler(self) -> Handler:
@@ -239,7 +239,10 @@ class UsageUpstream:
             self.bodies.append(payload)
             model = payload.get("model", "m")
             if not payload.get("stream"):
-                writer.write(http_response(200, json_body(path, model, self.figures)))
+                body = json_body(path, model, self.figures)
+                if self.deaf and path == "/chat/completions":
+                    body = orjson.dumps({**orjson.loads(body), "usage": None})
+                writer.write(http_response(200, body))
                 return True
             usage = path != "/chat/completions" or (
                 not self.deaf and bool((payload.get("stream_options") or {}).get("include_usage"))

@@ -30,6 +30,7 @@ from gateway.encoding import (
     make_decoder,
     make_encoder,
     negotiate,
+    negotiation,
     request_body_decoder,
 )
 from gateway.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
@@ -187,15 +188,15 @@ def test_negotiation_cache_is_bounded() -> None:
         header = f"gzip;q=0.{i % 1000:03d}, x-{i}".encode()
         assert negotiate(header) == ("gzip" if i % 1000 else "identity")
         assert accepts(header, "gzip") is bool(i % 1000)
-        assert len(encoding._PREFERENCES) <= encoding._CACHE_MAX
-        assert len(encoding._ACCEPTS) <= encoding._CACHE_MAX
+        assert len(negotiation._PREFERENCES) <= negotiation._CACHE_MAX
+        assert len(negotiation._ACCEPTS) <= negotiation._CACHE_MAX
 
 
 def test_long_header_values_are_answered_but_not_cached() -> None:
     header = b", ".join([b"x-unknown-%d" % i for i in range(100)] + [b"zstd"])
-    assert len(header) > encoding._CACHEABLE_LEN
+    assert len(header) > negotiation._CACHEABLE_LEN
     assert negotiate(header) == "zstd"
-    assert header not in encoding._PREFERENCES
+    assert header not in negotiation._PREFERENCES
 
 
 # An independent reference for the property tests: regexes and Decimal instead of byte ops.

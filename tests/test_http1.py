@@ -146,7 +146,9 @@ def test_head_chunked_bodies_and_chunked_answers(port):
 def test_expect_100_continue_is_answered_when_the_app_reads_the_body(port):
     async def scenario() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /e HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n")
+        writer.write(
+            b"POST /e HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n"
+        )
         interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(b"body")

@@ -538,20 +538,39 @@ def test_a_key_with_a_budget_cannot_spend_around_it(budgeted, usage):
     assert usage.arrived == 4
 
 
-def test_an_answer_that_reports_no_usage_is_charged_its_reservation(budgeted, usage, lines):
-    gw = budgeted(key_a="budget_usd = 1.0")
-    usage.deaf = True  # asked for usage (docs/spec.md §20), it sends none
-    client = oai(gw, KEY_A)
-    chunks = list(
-        client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1000, stream=True)
-    )
-    assert chunks[-1].usage is None  # the upstream ignored stream_options.include_usage
-    (line,) = lines.wait(1)
-    assert line["cost_usd"] == 0.0  # nothing reported...
-    body = orjson.dumps({"model": "gpt-4o", "messages": MSG, "max_tokens": 1000, "stream": True})
-    charged = -(-len(body) // 4) * 2500 + 1000 * 10_000
-    row = settled(gw, KEY_A, charged)  # ...but the budget keeps its worst case
-    assert round(row["remaining_usd"] * 1e9) == 1_000_000_000 - charged
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_an_answer_that_reports_no_usage_costs_its_reservation_everywhere(
+    budgeted, usage, lines, stream
+):
+    """One figure: what the budget is charged is what the access log, the span and
+    ``gateway_cost_usd_total`` say (the reservation, for an answer without usage)."""
+    with OTLPReceiver("http") as receiver:
+        gw = budgeted(key_a="budget_usd = 1.0", extra=traced(receiver.endpoint))
+        usage.deaf = True  # asked for usage (docs/spec.md §20), it sends none
+        raw = oai(gw, KEY_A).chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=MSG, max_tokens=1000, stream=stream
+        )
+        answer = raw.parse()
+        if stream:
+            assert list(answer)[-1].usage is None  # the upstream ignored include_usage
+        else:
+            assert answer.usage is None
+        (line,) = lines.wait(1)
+        body = {"model": "gpt-4o", "messages": MSG, "max_tokens": 1000, "stream": stream}
+        charged = -(-len(orjson.dumps(body)) // 4) * 2500 + 1000 * 10_000  # what the SDK sent
+        row = settled(gw, KEY_A, charged)  # the budget keeps its worst case...
+        assert round(row["remaining_usd"] * 1e9) == 1_000_000_000 - charged
+        assert round(line["cost_usd"] * 1e9) == charged  # ...and so does every figure
+        metric = sample(
+            gw.url, "gateway_cost_usd_total", route="all", model="gpt-4o", tenant="team-a"
+        )
+        assert round(metric * 1e9) == charged
+        trace_id = raw.headers["traceresponse"].split("-")[1]
+        spans = receiver.wait_for(
+            lambda spans: any(s.trace_id == trace_id and s.kind == "SERVER" for s in spans)
+        )
+    (root,) = [s for s in spans if s.trace_id == trace_id and s.kind == "SERVER"]
+    assert round(root.attributes["gateway.cost_usd"] * 1e9) == charged
 
 
 def test_the_spend_api_is_for_admins_and_never_shows_a_key(budgeted):

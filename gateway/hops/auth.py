@@ -73,7 +73,7 @@ from gateway.hops.limits import (
 from gateway.hops.ownership import response_path_id
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
-from gateway.spend import PERIOD_TEXT, Prices, cost, estimate, nano, usd_text
+from gateway.spend import PERIOD_TEXT, Prices, cost, estimate, nano, unreported, usd_text
 
 log = logging.getLogger("gateway.auth")
 
@@ -381,18 +381,15 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
     usage = answer.tokens
     if usage.reported:
         spent.tokens = usage.total
-        if priced:
-            usd = cost(ctx)
-            spent.cost = nano(usd) if usd else 0
-    elif (
-        ctx.call is not None
-        and ctx.attempts
-        and 200 <= answer.status < 300
-        and answer.error is None
-        and not ctx.disconnected
-    ):  # complete, but the upstream did not say what it used: the worst case it was given
+    elif unreported(ctx):  # complete, but the upstream did not say: the worst case it was given
         spent.tokens = spent.reserved_tokens
-        spent.cost = spent.reserved_cost
+    else:  # nothing used (a failed call; a batch's results are debited by their read)
+        return spent
+    if priced:
+        # the one figure the span, the access log and the metric show: the reservation of an
+        # answer that completed unreported, else what its usage costs
+        usd = cost(ctx)
+        spent.cost = nano(usd) if usd else 0
     return spent
 
 

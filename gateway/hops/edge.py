@@ -21,7 +21,7 @@ from gateway.headers import HOP_BY_HOP
 from gateway.memo import remember
 from gateway.types import RawHeaders, Receive, Scope
 
-__all__ = ["HOP_BY_HOP", "Edge", "read_body", "unsafe_path"]
+__all__ = ["HOP_BY_HOP", "Edge", "read_body"]
 # Request headers the edge consumes instead of forwarding verbatim.
 _CONSUMED = HOP_BY_HOP | {
     b"host",
@@ -200,46 +200,6 @@ class Edge:
             if not self.trusts(h):
                 return h
         return hosts[0] if hosts else None
-
-
-#: a request target's path as RFC 3986 allows it: "/" and pchar (unreserved, sub-delims, ":", "@",
-#: percent-escapes); no "?" (the query is apart), no "#", no space, no control or 8-bit byte
-_RAW_PATH = re.compile(rb"(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)+")
-#: escapes that would let a path change shape once an upstream decodes it: "/", "\\", ".",
-#: "%" (double encoding), "?", "#", and every control character
-_UNSAFE_ESCAPE = re.compile(rb"%(?:2[fFeE5]|5[cC]|3[fF]|23|[01][0-9A-Fa-f]|7[fF])")
-
-
-def unsafe_path(scope: Scope) -> str | None:
-    """Why a request path may not be forwarded, or None when it stays under the base path.
-
-    The upstream URL is the backend's base URL plus the path after ``/v1`` (docs/spec.md §5), so a
-    path
-    that an upstream (or a proxy before it) would normalise upward — a ``.``/``..`` segment, an
-    empty one (``//``), or an escape that decodes to ``/``, ``\\``, ``.`` or ``%`` — could reach
-    any path on that host. Such paths are refused (400) rather than normalised: nothing an
-    OpenAI-compatible API serves needs them. A safe path is forwarded as the client wrote it.
-
-    >>> unsafe_path({"raw_path": b"/v1/files/file-abc/content", "path": ""}) is None
-    True
-    >>> unsafe_path({"raw_path": b"/v1/%2e%2e/admin", "path": ""})
-    'the path may not contain an encoded "/", "\\\\", ".", "%", "?", "#" or control character'
-    >>> unsafe_path({"raw_path": b"/v1/files/../../etc", "path": ""})
-    'the path may not contain "." or ".." segments'
-    """
-    raw: bytes = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
-    if not _RAW_PATH.fullmatch(raw):
-        return "the path has characters a request path may not have"
-    if _UNSAFE_ESCAPE.search(raw):
-        return (
-            'the path may not contain an encoded "/", "\\", ".", "%", "?", "#" or control character'
-        )
-    segments = raw.split(b"/")[1:]
-    if any(seg in (b".", b"..") for seg in segments):
-        return 'the path may not contain "." or ".." segments'
-    if any(not seg for seg in segments[:-1]):  # a trailing "/" is fine, "//" is not
-        return 'the path may not contain empty segments ("//")'
-    return None
 
 
 def _note(ctx: RequestContext, name: bytes, value: bytes, pair: tuple[str, str]) -> None:

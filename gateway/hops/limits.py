@@ -34,14 +34,15 @@ that timed out may have run). While Redis is unreachable the limits are counted 
 process (never unlimited, never a wait): a budget's spending starts from what Redis last said
 was spent, so each replica can spend at most what was left of it then; the settlements Redis
 did not confirm wait in a ledger and are replayed when it answers again (nothing is forgotten,
-nothing counted twice). ``gateway_ratelimit_fallback`` is 1 and a warning is logged while that
+nothing counted twice), and the requests admitted here meanwhile that still run are held there
+before Redis admits anything new from this process (gateway/hops/backlog.py: money fails
+closed when Redis returns). ``gateway_ratelimit_fallback`` is 1 and a warning is logged while that
 lasts; the first command that succeeds again ends the fallback (and logs it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -54,10 +55,13 @@ from typing import Any, Final, Protocol
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.guard import RedisGuard, RedisUnavailable, close_quietly
 from gateway.cache.redis import connect
+from gateway.hops.backlog import Backlog
 from gateway.hops.reservations import (
     ADMIT,
     ADMIT_LUA,
     EXPIRE,
+    HOLD,
+    HOLD_LUA,
     RECORD_TTL_S,
     RENEW_LUA,
     REPORT_LUA,
@@ -80,8 +84,6 @@ WINDOW_S: Final = 60.0
 LEASES: Final = ":leases"
 _REC: Final = b"%d" % RECORD_TTL_S
 _SETTLED: Final = b"%d" % SETTLED_TTL_S
-#: seconds between two replays of the ledger while Redis does not confirm it
-_RETRY_S: Final = 1.0
 #: seconds a request refused only because of other requests' reservations is told to wait
 IN_FLIGHT_RETRY_S: Final = 1.0
 #: breaker for the limiter's Redis (as the cache's defaults)
@@ -118,6 +120,7 @@ class Allowance:
 
     __slots__ = (
         "budgets",
+        "codes",
         "head",
         "id",
         "kb_key",
@@ -167,6 +170,8 @@ class Allowance:
         self.head = (b"%d" % (rpm or 0), b"%d" % (tpm or 0))
         limits = (*_budget_args(key_budget), *_budget_args(tenant_budget))
         self.tail = tuple(b"%d" % v for v in limits)
+        #: the budgets' period codes (-1: no such budget), as the settle and hold scripts take them
+        self.codes = (self.tail[1], self.tail[3])
 
     def _lease_names(self) -> tuple[str, str]:
         return self.kb_key + LEASES, self.tb_key + LEASES
@@ -450,12 +455,20 @@ class MemoryLimits:
         record = [step(None, ADMIT)[0], cost, tokens, made]
         self._records[rid] = record
 
-    def hold(self, a: Allowance, rid: str, cost: int) -> None:
-        """Count a reservation the shared store made for this process's request here too: a
-        fallback then starts with it in flight."""
+    def hold(self, a: Allowance, rid: str, cost: int, tokens: int = 0) -> None:
+        """Count a reservation made elsewhere, unchecked, at most once per id (HOLD, the
+        operation Redis applies to the requests a fallback admitted: gateway/hops/backlog.py).
+        Here: the shared store's admission of this process's request, so a fallback starts
+        with it in flight."""
+        if rid in self._records or rid in self._settled:
+            step(self._records[rid][0] if rid in self._records else SETTLED, HOLD)
+            return
+        tat = debit_gcra(self._clock(), self._tat.get(a.t_key), tokens, a.tpm) if a.tpm else None
+        if tat is not None and tokens:
+            remember(self._tat, a.t_key, tat, _MEMORY_MAX)
         now = self._wall()
         states = [self._budget(b, now) for b in a.budgets] if cost else []
-        self._reserve(a, rid, 0, cost, states, now)
+        self._reserve(a, rid, tokens, cost, states, now)
 
     def renew(self, rid: str) -> None:
         """Extend a live request's lease (its oldest-first place moves to the end)."""
@@ -532,10 +545,6 @@ class LimitsUnavailable(RedisUnavailable):
     """Redis could not answer within the bound (or the breaker is open)."""
 
 
-#: what the fallback ledger keeps per settlement Redis has not confirmed
-_Owed = tuple[Allowance, tuple[bytes, ...], tuple[bytes, ...], int]
-
-
 def _shared_verdict(
     local: MemoryLimits, owed: dict[str, int], a: Allowance, cost: int, r: list[int]
 ) -> Verdict:
@@ -568,15 +577,28 @@ def _shared_verdict(
     )
 
 
+def _budget_periods(a: Allowance, made: dict[str, int] | None) -> tuple[bytes, bytes]:
+    """The period each budget's request was admitted in here (-1: unknown), for a request
+    Redis has no record of: its cost is booked there, as this process books it."""
+    made = made or {}
+    key, tenant = a.key_budget, a.tenant_budget
+    return (
+        b"%d" % made.get(key.id, -1) if key is not None else b"-1",
+        b"%d" % made.get(tenant.id, -1) if tenant is not None else b"-1",
+    )
+
+
 class RedisLimits:
     """The buckets and budgets in Redis (standalone or Cluster: every key a script touches
     shares one hash tag), with the per-process :class:`MemoryLimits` standing in while Redis
     is unreachable.
 
-    Settlements Redis did not confirm wait in a ledger (request id -> the script's arguments)
-    and are replayed, in order, as soon as Redis answers again; the scripts apply each request
-    at most once, so a settlement that timed out but ran is not applied twice. A live request's
-    reservation is renewed every third of its lease, so only a dead replica's expire."""
+    What Redis did not hear of meanwhile waits in a :class:`Backlog` and is replayed as soon as
+    Redis answers again: the requests admitted here that still run are held there before Redis
+    admits anything new, and the settlements it did not confirm are replayed in order; the
+    scripts apply each request at most once, so a settlement that timed out but ran is not
+    applied twice. A live request's reservation is renewed every third of its lease, so only a
+    dead replica's expire."""
 
     def __init__(
         self,
@@ -600,18 +622,14 @@ class RedisLimits:
             self._down,
             self._up,
         )
+        hold = self._client.register_script(HOLD_LUA)
+        self._backlog = Backlog(self._guard, self._settle, hold, self._observe, self._held)
         self._ttl = b"%d" % reserve_ttl_s
         self.reserve_ttl_s = reserve_ttl_s
         self.local = MemoryLimits()
-        #: request id -> settlement Redis has not confirmed (replayed when it answers)
-        self._ledger: dict[str, _Owed] = {}
-        #: budget id -> the spending in the ledger (what Redis has not heard of)
-        self._owed: dict[str, int] = {}
         #: request id -> (allowance, members) of reservations held in Redis (their leases)
         self._live: dict[str, tuple[Allowance, tuple[bytes, ...]]] = {}
         self._renewing: asyncio.Task[None] | None = None
-        self._flushing: asyncio.Task[None] | None = None
-        self._replaying = asyncio.Lock()
         #: True while limits are counted per process because Redis is unreachable
         self.fallback = False
 
@@ -631,6 +649,9 @@ class RedisLimits:
 
     async def admit(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
         metered = bool(rid) and bool(tokens or cost)
+        if self._backlog.behind and not await self._backlog.catch_up():
+            # Redis has not heard of every request admitted here: it cannot decide alone
+            return self._here(a, tokens, cost, rid, metered, False)
         args = (self._ttl, *a.head, b"%d" % tokens, b"%d" % cost, *a.tail, rid.encode(), _REC)
         try:
             reply = await self._guard.call(lambda: self._admit(self._keys(a, rid), args))
@@ -639,22 +660,38 @@ class RedisLimits:
                 self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
             raise
         except LimitsUnavailable as exc:
-            verdict = self.local.admit_now(a, tokens, cost, rid)
-            if metered and exc.maybe_ran and not verdict.allowed:
-                # the script may have reserved for a request refused here: release it there
-                self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
-            return verdict
+            return self._here(a, tokens, cost, rid, metered, exc.maybe_ran)
         r = [int(x) for x in reply.split()]
-        verdict = _shared_verdict(self.local, self._owed, a, cost, r)
+        verdict = _shared_verdict(self.local, self._backlog.owed, a, cost, r)
         if verdict.allowed and metered:
             self.local.hold(a, rid, cost)
             if cost and not r[14]:
-                self._lease(a, rid, cost, r)
+                self._lease(a, rid, cost, (r[8], r[11]))
         return verdict
 
-    def _lease(self, a: Allowance, rid: str, cost: int, r: list[int]) -> None:
+    def _here(
+        self, a: Allowance, tokens: int, cost: int, rid: str, metered: bool, maybe_ran: bool
+    ) -> Verdict:
+        """The admission counted in this process. One admitted is held in Redis when it
+        answers again (before Redis admits anything new); one refused whose script may have
+        run there has its reservation released there."""
+        verdict = self.local.admit_now(a, tokens, cost, rid)
+        if metered and verdict.allowed:
+            args = self._hold_args(a, rid, tokens, cost, self.local.made_in(rid))
+            self._backlog.reserved_here(a, rid, self._keys(a, rid), args)
+        elif metered and maybe_ran:
+            self._owe(a, rid, Spent(0, 0, 0, 0, rid=rid))
+        return verdict
+
+    def _held(self, a: Allowance, rid: str, reply: bytes) -> None:
+        """A request admitted here is held in Redis now: its lease is renewed from here on."""
+        _, key_start, tenant_start, cost = (int(x) for x in reply.split())
+        if cost:
+            self._lease(a, rid, cost, (key_start, tenant_start))
+
+    def _lease(self, a: Allowance, rid: str, cost: int, starts: tuple[int, int]) -> None:
         members = []
-        for b, start in ((a.key_budget, r[8]), (a.tenant_budget, r[11])):
+        for b, start in zip((a.key_budget, a.tenant_budget), starts, strict=True):
             if b is not None:
                 members.append(member(rid, cost, start).encode())
         self._live[rid] = (a, tuple(members))
@@ -676,39 +713,37 @@ class RedisLimits:
     def _settle_args(
         self, a: Allowance, rid: str, spent: Spent, made: dict[str, int] | None = None
     ) -> tuple[bytes, ...]:
-        budgets = (a.key_budget, a.tenant_budget)
-        codes = tuple(b"%d" % b.code if b else b"-1" for b in budgets)
-        # the period each budget's request was admitted in here (-1: unknown), for a request
-        # Redis has no record of: its cost is booked there, as this process books it
-        periods = tuple(b"%d" % (made or {}).get(b.id, -1) if b else b"-1" for b in budgets)
-        return (self._ttl, a.head[1], b"%d" % spent.tokens, b"%d" % spent.cost, *codes,
-                rid.encode(), _SETTLED, *periods)  # fmt: skip
+        return (self._ttl, a.head[1], b"%d" % spent.tokens, b"%d" % spent.cost, *a.codes,
+                rid.encode(), _SETTLED, *_budget_periods(a, made))  # fmt: skip
 
     def _owe(
         self, a: Allowance, rid: str, spent: Spent, made: dict[str, int] | None = None
     ) -> None:
         """Keep a settlement Redis did not confirm, to replay (at most once) when it answers."""
         args = self._settle_args(a, rid, spent, made)
-        self._ledger[rid] = (a, self._keys(a, rid), args, spent.cost)
-        for b in a.budgets:
-            self._owed[b.id] = self._owed.get(b.id, 0) + spent.cost
-        if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.get_running_loop().create_task(self._retry())
+        self._backlog.owe(a, rid, self._keys(a, rid), args, spent.cost)
 
-    async def _retry(self) -> None:
-        """While the ledger holds anything, try to replay it every :data:`_RETRY_S` (the
-        breaker decides whether a try reaches Redis): it never waits for more traffic."""
-        while self._ledger:
-            await asyncio.sleep(_RETRY_S)
-            await self._flush()
+    def _hold_args(
+        self, a: Allowance, rid: str, tokens: int, cost: int, made: dict[str, int] | None
+    ) -> tuple[bytes, ...]:
+        return (self._ttl, a.head[1], b"%d" % tokens, b"%d" % cost, *a.codes, rid.encode(),
+                _REC, *_budget_periods(a, made))  # fmt: skip
+
+    async def hold(self, a: Allowance, rid: str, tokens: int, cost: int) -> None:
+        """Count in Redis a reservation made here (HOLD: never refused, at most once per id),
+        now if Redis answers, else when it does (the operation a fallback's admissions get)."""
+        args = self._hold_args(a, rid, tokens, cost, None)
+        self._backlog.reserved_here(a, rid, self._keys(a, rid), args)
+        await self._backlog.catch_up()
 
     async def settle(self, a: Allowance, spent: Spent) -> None:
         rid = spent.rid or new_rid()
         self._live.pop(rid, None)
         made = self.local.made_in(rid)
         self.local.settle_now(a, spent)
-        if rid in self._ledger:
+        if rid in self._backlog.ledger:
             return  # owed already: the replay carries it
+        self._backlog.settled(rid)  # a hold Redis has not heard of: this settlement replaces it
         args = self._settle_args(a, rid, spent, made)
         keys = self._keys(a, rid)
         try:
@@ -717,43 +752,33 @@ class RedisLimits:
             self._owe(a, rid, spent, made)
             return
         self._observe(a, reply)
-        if self._ledger:  # Redis answers again: what it missed, now (off the request path)
-            await self._flush()
+        if self._backlog.behind:  # Redis answers again: what it missed, now (off the request path)
+            await self._backlog.flush()
 
     def _observe(self, a: Allowance, reply: bytes) -> None:
         r = [int(x) for x in reply.split()]
+        owed = self._backlog.owed
         for b, start, total in ((a.key_budget, r[1], r[2]), (a.tenant_budget, r[3], r[4])):
             if b is not None:
-                self.local.observe(b, start, total + self._owed.get(b.id, 0))
-
-    async def _flush(self) -> None:
-        """Replay the ledger, oldest first, while Redis answers (each at most once there; one
-        replay at a time)."""
-        async with self._replaying:
-            await self._replay()
-
-    async def _replay(self) -> None:
-        while self._ledger:
-            rid, (a, keys, args, cost) = next(iter(self._ledger.items()))
-            try:
-                reply = await self._guard.call(partial(self._settle, keys, args))
-            except LimitsUnavailable:
-                return  # the next settlement that gets through starts the replay again
-            del self._ledger[rid]
-            for b in a.budgets:
-                self._owed[b.id] -= cost
-            self._observe(a, reply)
+                self.local.observe(b, start, total + owed.get(b.id, 0))
 
     @property
     def owed(self) -> int:
         """Settlements waiting in the ledger for Redis."""
-        return len(self._ledger)
+        return len(self._backlog.ledger)
+
+    @property
+    def unheard(self) -> int:
+        """Requests admitted here, still running, that Redis has not heard of."""
+        return len(self._backlog.unheard)
 
     def view(self, budget: Budget) -> tuple[int, int, int, int]:
         return self.local.view(budget)
 
     async def report(self, budgets: list[Budget]) -> tuple[list[tuple[int, int, int, int]], bool]:
         """Each budget as Redis has it (this process's view when Redis cannot answer)."""
+        if self._backlog.behind and not await self._backlog.catch_up():
+            return await self.local.report(budgets)
         try:
             replies = await self._guard.call(
                 lambda: asyncio.gather(
@@ -769,26 +794,17 @@ class RedisLimits:
             return await self.local.report(budgets)
         now_s = int(time.time())
         out = []
+        owed = self._backlog.owed
         for b, reply in zip(budgets, replies, strict=True):
             start, spent, reserved = (int(x) for x in reply.split())
             reset = period_bounds(b.code, now_s)[1]
-            out.append((start, spent + self._owed.get(b.id, 0), reserved, reset))
+            out.append((start, spent + owed.get(b.id, 0), reserved, reset))
         return out, True
 
     async def aclose(self) -> None:
-        for task in (self._renewing, self._flushing):
-            if task is not None:
-                task.cancel()
-        if self._ledger:  # a last chance for what Redis missed (bounded: shutdown goes on)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await self._flush()
-            if self._ledger:
-                log.error(
-                    "rate limits: %d settlements Redis did not confirm at shutdown (each may "
-                    "or may not have run there)",
-                    len(self._ledger),
-                )
+        if self._renewing is not None:
+            self._renewing.cancel()
+        await self._backlog.aclose()
         await close_quietly(self._client, log, "rate limit")
 
 

@@ -5,12 +5,18 @@ A model call of a key with a budget reserves its worst case before it goes upstr
 of its own (``rid``). The reservation is one record, in one of three states, and every operation
 on it is a row of :data:`TRANSITIONS` -- the way h11 keeps a connection's states in one table::
 
-    (none) ──admit──► RESERVED ──settle──► SETTLED ◄──settle── (none)
-                         │                    ▲
-                       expire               settle
-                         └────► EXPIRED ──────┘
+    (none) ──admit, hold──► RESERVED ──settle──► SETTLED ◄──settle── (none)
+                               │                    ▲
+                             expire               settle
+                               └────► EXPIRED ──────┘
 
 - *admit* reserves the cost against each of the request's budgets, in the period it was made;
+- *hold* reserves it without checking anything: the request was admitted by a replica that
+  counted it per process while Redis could not answer, and it is still running. When Redis
+  answers again that replica holds each such request there before Redis admits anything new
+  for it, so the request's reservation is in the budget Redis checks (money fails closed).
+  A hold that finds a record (the admission ran late in Redis, or the request is settled
+  already) does nothing;
 - *settle* releases the reservation (if it has not expired) and spends the real cost, once:
   a second settle of the same id -- a retry after a timeout, a replay from the fallback ledger
   -- finds SETTLED and does nothing; an admission that arrives after its settlement (it was
@@ -37,6 +43,7 @@ RESERVED: Final = "r"
 SETTLED: Final = "s"
 EXPIRED: Final = "x"
 ADMIT: Final = "admit"
+HOLD: Final = "hold"
 SETTLE: Final = "settle"
 EXPIRE: Final = "expire"
 
@@ -46,6 +53,10 @@ TRANSITIONS: Final[dict[tuple[str | None, str], tuple[str, bool, bool, bool]]] =
     (RESERVED, ADMIT): (RESERVED, False, False, False),
     (EXPIRED, ADMIT): (EXPIRED, False, False, False),
     (SETTLED, ADMIT): (SETTLED, False, False, False),
+    (None, HOLD): (RESERVED, False, False, True),
+    (RESERVED, HOLD): (RESERVED, False, False, False),
+    (EXPIRED, HOLD): (EXPIRED, False, False, False),
+    (SETTLED, HOLD): (SETTLED, False, False, False),
     (None, SETTLE): (SETTLED, False, True, False),
     (RESERVED, SETTLE): (SETTLED, True, True, False),
     (EXPIRED, SETTLE): (SETTLED, False, True, False),
@@ -313,6 +324,50 @@ return pack(out)
 """
 )
 
+# A reservation made by this replica while Redis could not answer, counted in Redis (HOLD):
+# never refused, at most once per request id. KEYS as for the admission. ARGV: reservation ttl,
+# tpm, tokens, cost, key period code (-1 none), tenant period code, the request's id, record
+# ttl, and the period the key's and the tenant's budget admitted it in here (-1: the current
+# one). A request admitted in a period that is over holds nothing in the current one (its
+# settlement is booked to its own). Returns "again key_start tenant_start cost": what the
+# request's record says (again = 1: it had one already, nothing was done).
+HOLD_LUA: Final = (
+    _PRELUDE
+    + """
+local tpm, tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local rid = ARGV[7]
+local rec = redis.call('HMGET', KEYS[7], 'st', 'c', 'ks', 'ts')
+if rec[1] then
+  return pack({1, tonumber(rec[3]) or 0, tonumber(rec[4]) or 0, tonumber(rec[2]) or 0})
+end
+local made = {0, 0}
+for i = 0, 1 do
+  local code = tonumber(ARGV[5 + i])
+  if code >= 0 then
+    local b = load(KEYS[3 + i], KEYS[5 + i], code)
+    local m = tonumber(ARGV[9 + i])
+    if m < 0 then m = b.start end
+    if cost > 0 and m == b.start then
+      b.reserved = b.reserved + cost
+      redis.call('ZADD', b.z, now_s + ttl, rid .. '|' .. fmt(cost) .. '|' .. fmt(m))
+    end
+    save(b)
+    made[i + 1] = m
+  end
+end
+if tpm > 0 and tokens > 0 then
+  local new = math.max(tonumber(redis.call('GET', KEYS[2]) or now), now) + tokens * window / tpm
+  redis.call('SET', KEYS[2], fmt(new), 'PX', math.ceil((new - now) / 1000) + 1000)
+end
+if cost > 0 or tokens > 0 then  -- as the admission: nothing held, no record
+  redis.call('HSET', KEYS[7], 'st', 'r', 'c', fmt(cost), 't', fmt(tokens), 'ks', made[1],
+    'ts', made[2])
+  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[8]))
+end
+return pack({0, made[1], made[2], cost})
+"""
+)
+
 # A live request's lease renewed: KEYS the budgets' sorted sets, ARGV reservation ttl, then each
 # set's member ('' = none). Returns how many were still held.
 RENEW_LUA: Final = (
@@ -352,6 +407,8 @@ __all__ = [
     "ADMIT_LUA",
     "EXPIRE",
     "EXPIRED",
+    "HOLD",
+    "HOLD_LUA",
     "RECORD_TTL_S",
     "RENEW_LUA",
     "REPORT_LUA",

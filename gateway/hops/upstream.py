@@ -217,7 +217,6 @@ class Upstream:
                     attempt.finished()
                     delay = next_delay
                     continue
-            ctx.timeline.upstream_first_byte = attempt.first_byte
             return resp, attempt  # settled when the request ends (health.finished)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 

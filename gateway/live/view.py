@@ -39,6 +39,7 @@ graceful shutdown for longer than that (the drain waits for open responses befor
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -72,7 +73,7 @@ _ASSETS = {
 }
 _CSP = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-    b"img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    b"img-src 'self' data:; base-uri 'self'; form-action 'none'; frame-ancestors 'none'"
 )
 #: on every answer of the view
 _COMMON: RawHeaders = [
@@ -170,6 +171,12 @@ class LiveView:
         self._capture = config.tracing.capture_content
         # shipped in the package (package-data): read once, served from memory
         self._assets = {sub: (_asset(file), ctype) for sub, (file, ctype) in _ASSETS.items()}
+        # the page is served at the prefix with or without its "/" (one canonical path,
+        # docs/spec.md §25): a <base> makes its relative URLs (live.js, api/...) resolve under
+        # the prefix either way
+        page, ctype = self._assets[""]
+        base = b'<head>\n<base href="' + html.escape(self.prefix).encode() + b'">'
+        self._assets[""] = (page.replace(b"<head>", base, 1), ctype)
         env = os.environ if environ is None else environ
         self.sessions = Sessions(config.auth.keys, secret_from(env))
         # RFC 6265 §4.1.1: a path-value has no ';' or controls (the configured path is ours)
@@ -179,8 +186,8 @@ class LiveView:
     def endpoints(self) -> dict[str, Endpoint]:
         """Path -> endpoint, for the app's endpoint table."""
         p = self.prefix
-        table: dict[str, Endpoint] = {p.rstrip("/"): self.redirect}
-        table.update({p + sub: self.asset for sub in self._assets})
+        # the canonical target has no trailing "/" (docs/spec.md §25): the page is at p[:-1]
+        table: dict[str, Endpoint] = {(p + sub).rstrip("/"): self.asset for sub in self._assets}
         table[p + "api/requests"] = self.requests
         table[p + "api/stream"] = self.stream
         table[p + "api/backends"] = self.backends
@@ -225,10 +232,6 @@ class LiveView:
 
     # ------------------------------------------------------------ page and assets
 
-    async def redirect(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-        out = _writer(RequestContext(scope, Timeline()), send)
-        await out.whole(308, [(b"location", self.prefix.encode())], b"")
-
     async def asset(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         out = _writer(RequestContext(scope, Timeline()), send)
         try:
@@ -236,6 +239,7 @@ class LiveView:
         except GatewayError as exc:
             await out.error(exc)
             return
+        # the page's path is the prefix without its "/": what follows the prefix is then ""
         body, ctype = self._assets[scope["path"][len(self.prefix) :]]
         headers: RawHeaders = [
             (b"content-type", ctype),

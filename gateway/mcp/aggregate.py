@@ -5,13 +5,18 @@ session on an upstream server only when a request needs it (its handshake is an 
 that request, with its own span). ``tools/list`` asks every allowed server at once and merges
 their tools, named ``{server}__{tool}``; a server that fails is left out of the list (logged),
 the others still answer. ``tools/call`` goes to the owning server under the tool's own name,
-its answer (JSON, or SSE with progress notifications) relayed as from ``/mcp/{server}``.
+its answer (JSON, or SSE with progress notifications) relayed as from ``/mcp/{server}``. An
+upstream's SSE answer to a request the gateway makes on its own (a handshake, a ``tools/list``
+page) is read only until the event that answers it, as ``/mcp/{server}`` relays one: a server
+that keeps the stream open after answering holds nobody up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from functools import partial
 from typing import Any
 
 import orjson
@@ -21,8 +26,17 @@ from gateway.errors import GatewayError, UpstreamError
 from gateway.headers import header_value
 from gateway.hops.edge import read_body
 from gateway.mcp.access import SEPARATOR
-from gateway.mcp.exchange import SSE, Relay, bounded, read_json, rpc_error, send, start_attempt
-from gateway.mcp.hub import METHOD_NOT_FOUND, Call, Hub, Rejected, parse
+from gateway.mcp.exchange import (
+    SSE,
+    Relay,
+    bounded,
+    read_answer,
+    read_json,
+    rpc_error,
+    send,
+    start_attempt,
+)
+from gateway.mcp.hub import METHOD_NOT_FOUND, Call, Hub, Rejected, kind, parse
 from gateway.mcp.relay import denied
 from gateway.mcp.sessions import Session
 from gateway.mcp.upstream import McpUpstream
@@ -48,7 +62,7 @@ async def post(hub: Hub, call: Call) -> None:
     facts["id"] = rid
     if method == "initialize":
         await _initialize(hub, call, msg)
-    elif rid is None:  # notifications and answers of the client: nothing upstream waits for
+    elif kind(msg) != "request":  # notifications and answers: nothing upstream waits for them
         await out.whole(202, [], b"")
     elif method == "ping":
         await _result(call, rid, {})
@@ -94,23 +108,11 @@ async def _initialize(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
     await call.out.whole(200, headers, body)
 
 
-def _answer(body: bytes, content_type: bytes, rid: Any) -> dict[str, Any]:
-    """The JSON-RPC answer to ``rid`` in a whole JSON or SSE body."""
-    datas = [body]
-    if content_type.startswith(SSE):
-        parser = SSEParser()
-        events = parser.feed(body) + parser.finish() + parser.feed(b"\n\n")
-        datas = [d for d in (event_data(e) for e in events) if d is not None]
-    for data in datas:
-        try:
-            msg = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(msg, dict) and msg.get("id") == rid:
-            if isinstance(msg.get("result"), dict):
-                return dict(msg["result"])
-            raise UpstreamError(f"the MCP server answered {msg.get('error')!r}", code="mcp_error")
-    raise UpstreamError("the MCP server sent no answer", code="mcp_no_answer")
+def request_id() -> str:
+    """The id of a request the gateway makes on its own: never used before in the upstream
+    session (MCP: a requestor MUST NOT reuse an id within a session), whichever replica sends
+    it."""
+    return "gateway-" + os.urandom(8).hex()
 
 
 def _headers(up: McpUpstream, sid: str, version: str) -> list[tuple[str, str]]:
@@ -133,13 +135,19 @@ async def _ask(
     resp = await send(
         call.ctx, up, attempt, "POST", headers + hub.trace_headers(call, span_id), body
     )
-    raw = await read_json(call.ctx, up, attempt, resp)
-    if msg.get("id") is None:
+    rid = msg.get("id")
+    if rid is None or resp.status >= 400:  # a notification's 202, or a refusal: read whole
+        await read_json(call.ctx, up, attempt, resp)
+        if resp.status >= 400:
+            text = f"the MCP server {up.name!r} answered {resp.status}"
+            raise UpstreamError(text, code="mcp_error")
         return {}, resp.headers
-    if resp.status >= 400:
-        raise UpstreamError(f"the MCP server {up.name!r} answered {resp.status}", code="mcp_error")
-    ctype = header_value(resp.headers, b"content-type") or b""
-    return _answer(raw, ctype, msg.get("id")), resp.headers
+    answer = await read_answer(call.ctx, up, attempt, resp, rid)
+    if answer is None:
+        raise UpstreamError("the MCP server sent no answer", code="mcp_no_answer")
+    if isinstance(answer.get("result"), dict):
+        return dict(answer["result"]), resp.headers
+    raise UpstreamError(f"the MCP server answered {answer.get('error')!r}", code="mcp_error")
 
 
 async def _open(hub: Hub, call: Call, session: Session, up: McpUpstream) -> list[str]:
@@ -157,7 +165,7 @@ async def _open(hub: Hub, call: Call, session: Session, up: McpUpstream) -> list
         if have is not None:
             return have
         init = {
-            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "jsonrpc": "2.0", "id": request_id(), "method": "initialize",
             "params": {
                 "protocolVersion": UPSTREAM_VERSION, "capabilities": {},
                 "clientInfo": {"name": "llm-gateway", "version": __version__},
@@ -196,9 +204,9 @@ async def _list_one(
         sid, version = await _open(hub, call, session, up)
         out: list[dict[str, Any]] = []
         cursor = None
-        for page in range(MAX_PAGES):
+        for _ in range(MAX_PAGES):
             params: dict[str, Any] = {"cursor": cursor} if cursor else {}
-            msg = {"jsonrpc": "2.0", "id": page + 1, "method": "tools/list", "params": params}
+            msg = {"jsonrpc": "2.0", "id": request_id(), "method": "tools/list", "params": params}
             result, _ = await _ask(hub, call, up, _headers(up, sid, version), msg)
             for tool in result.get("tools") or ():
                 if isinstance(tool, dict) and hub.allowed(call.grant, up, tool.get("name")):
@@ -227,7 +235,7 @@ async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
     await hub.count(call)
     session = await _session(hub, call)
     assert isinstance(params, dict)
-    relay = Relay(ctx, up, None, call.out, rid)
+    relay = Relay(ctx, up, None, call.out, rid, partial(hub.allowed, call.grant, up))
 
     async def exchange() -> None:
         sid, version = await _open(hub, call, session, up)
@@ -241,9 +249,13 @@ async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
     await until_disconnect(ctx, call.receive, bounded(up, exchange(), relay))
 
 
-#: the upstream notifications ``GET /mcp`` passes on (others name upstream requests or
-#: sessions the client does not know)
-FORWARDED_NOTIFICATIONS = (b"notifications/tools/list_changed",)
+#: the upstream notification ``GET /mcp`` passes on (other messages name upstream requests or
+#: sessions the client does not know), and the event it is passed on as: the gateway's own
+#: bytes, never the server's (its other members could carry anything)
+FORWARDED = "notifications/tools/list_changed"
+_LIST_CHANGED = (
+    b'event: message\ndata: {"jsonrpc":"2.0","method":"' + FORWARDED.encode() + b'"}\n\n'
+)
 
 
 async def stream(hub: Hub, call: Call) -> None:
@@ -297,14 +309,24 @@ async def _follow(
         parser = SSEParser()
         async for chunk in resp.aiter_raw():
             for event in parser.feed(chunk):
-                data = event_data(event) or b""
-                if any(name in data for name in FORWARDED_NOTIFICATIONS):
-                    await queue.put(event)
+                if _list_changed(event_data(event)):
+                    await queue.put(_LIST_CHANGED)
     except GatewayError:
         return
     finally:
         attempt.finished()
         await resp.aclose()
+
+
+def _list_changed(data: bytes | None) -> bool:
+    """Whether an event of a server's notification stream is its tools/list_changed."""
+    if data is None or b"list_changed" not in data:
+        return False
+    try:
+        msg = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(msg, dict) and msg.get("method") == FORWARDED and "id" not in msg
 
 
 async def end(hub: Hub, call: Call) -> None:

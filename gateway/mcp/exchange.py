@@ -2,9 +2,13 @@
 (docs/spec.md §23).
 
 A POST's answer is JSON or an SSE stream. A stream is relayed event by event as each event
-completes (never buffered: a tool's progress notifications reach the client as they happen);
-only the event that answers the request is parsed — for its outcome, and for ``tools/list`` to
-drop the tools the caller may not use. The whole exchange is bounded by the server's
+completes (never buffered: a tool's progress notifications reach the client as they happen),
+and ends once the request's answer went out: the client does not wait for the server to close
+it. The event that answers the request is parsed for its outcome; and every message that may
+carry a list of tools -- a ``result`` with ``tools``, whatever its id and whatever was asked --
+is parsed and the tools the caller may not use are dropped from it (:func:`keep_tools`; one that
+cannot be read is not relayed): a server that answers under another id, or sends a tool list
+nobody asked for, reveals no denied tool. The whole exchange is bounded by the server's
 ``timeout_s``: a stream cut by it ends with a JSON-RPC error event for the request, so the
 client's call fails cleanly rather than waiting forever; before anything was sent it is a 504.
 Every answer message is capped at ``max_message_bytes``.
@@ -29,8 +33,8 @@ from gateway.transports import UpstreamResponse
 from gateway.types import RawHeaders
 from gateway.writer import ResponseWriter
 
-#: rewrites the answer to the request (``tools/list``: drop and rename tools), in place
-Transform = Callable[[dict[str, Any]], None]
+#: whether the caller may use a tool of this server (by the name the server gives it)
+Keep = Callable[[Any], bool]
 #: the upstream's headers that reach the client (its session id is replaced by the gateway's)
 _KEEP = (b"content-type", b"cache-control", b"allow")
 SSE = b"text/event-stream"
@@ -100,6 +104,42 @@ async def read_json(
     return b"".join(parts)
 
 
+async def read_answer(
+    ctx: RequestContext, up: McpUpstream, attempt: Attempt, resp: UpstreamResponse, rid: Any
+) -> dict[str, Any] | None:
+    """The answer to request ``rid`` in a POST's answer (None: it has none): a JSON body read
+    whole, or an SSE stream read only until the event that answers (the request is over then,
+    whether or not the server closes the stream). Each message is capped at
+    ``max_message_bytes``."""
+    if not (header_value(resp.headers, b"content-type") or b"").startswith(SSE):
+        return answer_message(await read_json(ctx, up, attempt, resp), rid)
+    cap = up.config.max_message_bytes
+    parser = SSEParser()
+    try:
+        async for chunk in resp.aiter_raw():
+            msg = _answer_in(parser.feed(chunk), rid)
+            if msg is not None:
+                return msg
+            if len(parser.pending) > cap:
+                raise UpstreamError(
+                    f"an event of the MCP server {up.name!r} passed {cap} bytes",
+                    code="mcp_message_too_large",
+                )
+        return _answer_in(parser.finish(), rid)
+    finally:
+        upstream_finished(ctx, attempt, resp)
+        await resp.aclose()
+
+
+def _answer_in(events: list[bytes], rid: Any) -> dict[str, Any] | None:
+    for event in events:
+        data = event_data(event)
+        msg = answer_message(data, rid) if data is not None else None
+        if msg is not None:
+            return msg
+    return None
+
+
 def answer_message(raw: bytes, rid: Any) -> dict[str, Any] | None:
     """The JSON-RPC answer to request ``rid`` in ``raw`` (a JSON body or an SSE data field)."""
     if rid is None or b'"id"' not in raw:
@@ -111,6 +151,53 @@ def answer_message(raw: bytes, rid: Any) -> dict[str, Any] | None:
     if isinstance(msg, dict) and msg.get("id") == rid and ("result" in msg or "error" in msg):
         return msg
     return None
+
+
+def may_carry_tools(raw: bytes) -> bool:
+    """Whether a JSON text may hold a member named ``tools``: spelled out, or written with a
+    ``\\u`` escape (the only other way JSON can spell those letters, RFC 8259 §7)."""
+    return b'"tools"' in raw or b"\\u" in raw
+
+
+def keep_tools(obj: Any, keep: Keep) -> bool:
+    """Drop, in place, the tools ``keep`` refuses from every result in ``obj`` (a message, or
+    a batch of them) that carries ``tools``; a ``tools`` that is no list becomes an empty one.
+    True when any result carried tools."""
+    found = False
+    for msg in obj if isinstance(obj, list) else (obj,):
+        result = msg.get("result") if isinstance(msg, dict) else None
+        if not isinstance(result, dict) or "tools" not in result:
+            continue
+        found = True
+        tools = result["tools"]
+        listed = tools if isinstance(tools, list) else []
+        result["tools"] = [t for t in listed if isinstance(t, dict) and keep(t.get("name"))]
+    return found
+
+
+def screened(raw: bytes, keep: Keep | None) -> bytes | None:
+    """``raw`` (a JSON body or an SSE data field) with the caller's denied tools dropped from
+    any result carrying tools; None when it may carry tools and cannot be read (it is then not
+    relayed: fail closed). A message that carried tools is written again from what was parsed,
+    so the client reads exactly what was checked (a duplicate key cannot slip past)."""
+    if keep is None or not may_carry_tools(raw):
+        return raw
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return orjson.dumps(obj) if keep_tools(obj, keep) else raw
+
+
+def with_data(event: bytes, data: bytes) -> bytes:
+    """The SSE event with its data replaced by ``data`` (one line); its other fields (``id``,
+    ``event``, ``retry``, comments) kept, so resumption by ``Last-Event-ID`` still works."""
+    lines = [
+        line
+        for line in event.splitlines()
+        if line and line != b"data" and not line.startswith(b"data:")
+    ]
+    return b"\n".join([*lines, b"data: " + data]) + b"\n\n"
 
 
 def outcome(msg: dict[str, Any]) -> tuple[str, str | None]:
@@ -134,9 +221,10 @@ def client_headers(resp: UpstreamResponse, session_id: str | None) -> RawHeaders
 
 
 class Relay:
-    """Relays one upstream answer to the client, noting its outcome on ``ctx.mcp``."""
+    """Relays one upstream answer to the client, noting its outcome on ``ctx.mcp`` and
+    dropping from every result that carries tools the ones ``keep`` refuses."""
 
-    __slots__ = ("answered", "attempt", "ctx", "out", "rid", "transform", "up")
+    __slots__ = ("answered", "attempt", "ctx", "keep", "out", "rid", "up")
 
     def __init__(
         self,
@@ -145,11 +233,11 @@ class Relay:
         attempt: Attempt | None,
         out: ResponseWriter,
         rid: Any,
-        transform: Transform | None = None,
+        keep: Keep | None,
     ) -> None:
         self.ctx, self.up, self.attempt, self.out = ctx, up, attempt, out
         self.rid = rid
-        self.transform = transform
+        self.keep = keep
         #: the answer to the request went out
         self.answered = False
 
@@ -170,13 +258,16 @@ class Relay:
             await self._stream(resp, headers)
             return
         body = await read_json(self.ctx, self.up, self.attempt, resp)
-        msg = answer_message(body, self.rid)
+        kept = screened(body, self.keep)
+        if kept is None:
+            raise UpstreamError(
+                f"the MCP server {self.up.name!r} answered a tool list that is no JSON",
+                code="mcp_bad_answer",
+            )
+        msg = answer_message(kept, self.rid)
         if msg is not None:
             self._note(msg)
-            if self.transform is not None:
-                self.transform(msg)
-                body = orjson.dumps(msg)
-        await self.out.whole(resp.status, headers, body)
+        await self.out.whole(resp.status, headers, kept)
 
     async def _stream(self, resp: UpstreamResponse, headers: RawHeaders) -> None:
         out, cap = self.out, self.up.config.max_message_bytes
@@ -187,7 +278,9 @@ class Relay:
         try:
             async for chunk in resp.aiter_raw():
                 for event in parser.feed(chunk):
-                    await out.body(self._event(event), more=True)
+                    relayed = self._event(event)
+                    if relayed:
+                        await out.body(relayed, more=True)
                     if self.answered:  # the request is answered: its stream is over (the
                         break  # server closes it too), the client need not wait for that
                 if self.answered:
@@ -209,17 +302,20 @@ class Relay:
 
     def _event(self, event: bytes) -> bytes:
         data = event_data(event)
-        msg = answer_message(data, self.rid) if data is not None else None
-        if msg is None:
+        if data is None:
             return event
-        if self.ctx.timeline.first_content is None:
-            self.ctx.timeline.first_content = time.perf_counter()
-        self.answered = True
-        self._note(msg)
-        if self.transform is None:
-            return event
-        self.transform(msg)
-        return b"event: message\ndata: " + orjson.dumps(msg) + b"\n\n"
+        kept = screened(data, self.keep)
+        if kept is None:
+            return b""  # it may carry tools and cannot be read: not relayed
+        if kept is not data:
+            event = with_data(event, kept)
+        msg = answer_message(kept, self.rid)
+        if msg is not None:
+            if self.ctx.timeline.first_content is None:
+                self.ctx.timeline.first_content = time.perf_counter()
+            self.answered = True
+            self._note(msg)
+        return event
 
     async def cut(self, code: int, message: str) -> None:
         """A stream that cannot finish ends with an error answer to the request."""
@@ -255,11 +351,16 @@ __all__ = [
     "DENIED",
     "SSE",
     "TIMED_OUT",
+    "Keep",
     "Relay",
     "answer_message",
     "bounded",
+    "keep_tools",
+    "may_carry_tools",
+    "read_answer",
     "read_json",
     "rpc_error",
+    "screened",
     "send",
     "start_attempt",
 ]

@@ -59,7 +59,8 @@ class Call:
 
 
 def parse(body: bytes) -> dict[str, Any]:
-    """One JSON-RPC message (a batch is refused: MCP 2025-06-18 removed them)."""
+    """One JSON-RPC message (a batch is refused: MCP 2025-06-18 removed them), of one of
+    MCP's three kinds (:func:`kind`)."""
     try:
         msg = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -71,7 +72,46 @@ def parse(body: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
         text = "not a JSON-RPC 2.0 message"
         raise Rejected(400, rpc_error(None, INVALID_REQUEST, text), "rejected")
+    problem = _malformed(msg)
+    if problem is not None:
+        raise Rejected(400, rpc_error(None, INVALID_REQUEST, problem), "rejected")
     return msg
+
+
+def _is_id(value: Any) -> bool:
+    """An MCP request id: a string or an integer (never null, a fraction or a boolean)."""
+    return type(value) is str or type(value) is int
+
+
+def kind(msg: dict[str, Any]) -> str:
+    """``request``, ``notification`` or ``response``: MCP names every notification
+    ``notifications/…``; a message without a method answers a request of the server."""
+    method = msg.get("method")
+    if method is None:
+        return "response"
+    return "notification" if str(method).startswith("notifications/") else "request"
+
+
+def _malformed(msg: dict[str, Any]) -> str | None:
+    """What makes a message none of MCP's kinds (MCP basic protocol, "Messages"): requests
+    MUST carry a string or integer id, never null; notifications MUST NOT carry one;
+    responses MUST carry the id they answer (an error may say null: the request's id was
+    unreadable) and a result or an error, not both. None: it is well formed."""
+    if "method" in msg:
+        method = msg["method"]
+        if not isinstance(method, str) or not method:
+            return "the method must be a non-empty string"
+        if kind(msg) == "notification":
+            return "an MCP notification must not carry an id" if "id" in msg else None
+        if not _is_id(msg.get("id")):
+            return "an MCP request must carry a string or integer id (never null)"
+        return None
+    if ("result" in msg) == ("error" in msg):
+        return "neither a request, a notification nor a response (result or error)"
+    rid = msg.get("id")
+    if not (_is_id(rid) or ("error" in msg and "id" in msg and rid is None)):
+        return "an MCP response must carry the string or integer id it answers"
+    return None
 
 
 class Hub:
@@ -176,4 +216,4 @@ class Hub:
         await self.sessions.aclose()
 
 
-__all__ = ["Call", "Hub", "Rejected", "parse"]
+__all__ = ["Call", "Hub", "Rejected", "kind", "parse"]

@@ -2,9 +2,10 @@
 
 ::
 
-    POST    one JSON-RPC message → the server; its JSON or SSE answer relayed event by event
-            (``tools/call`` of a denied tool: a JSON-RPC error, never forwarded; ``tools/list``:
-            the denied tools dropped)
+    POST    one JSON-RPC message → the server (a request without a string or integer id:
+            400); its JSON or SSE answer relayed event by event until the request's answer
+            (``tools/call`` of a denied tool: a JSON-RPC error, never forwarded; every result
+            that carries tools, whatever its id: the denied tools dropped)
     GET     the server's notification stream, relayed event by event until either side ends
     DELETE  ends the session here and upstream
 
@@ -13,6 +14,7 @@ The client's ``Mcp-Session-Id`` is the gateway's; the upstream's stays in the se
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from gateway.headers import header_value
@@ -45,7 +47,6 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
     method, rid = msg.get("method"), msg.get("id")
     facts["method"] = method if isinstance(method, str) else "response"
     facts["id"] = rid
-    transform = None
     if method == "tools/call":
         params = msg.get("params")
         tool = params.get("name") if isinstance(params, dict) else None
@@ -53,8 +54,6 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
         if not hub.allowed(call.grant, up, tool):
             raise denied(rid, tool)
         await hub.count(call)
-    elif method == "tools/list":
-        transform = keep_tools(hub, call, up)
     session = await hub.session(call, up.name)
     span_id = hub.tracing.new_span_id()
     headers = up.headers(call.headers) + hub.trace_headers(call, span_id)
@@ -65,7 +64,7 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
         headers = [(k, v) for k, v in headers if k != "mcp-name"] + [("mcp-name", facts["tool"])]
     attempt = start_attempt(ctx, up, span_id, facts["method"])
     body = hub.inject(call, msg, span_id)
-    relay = Relay(ctx, up, attempt, call.out, rid, transform)
+    relay = Relay(ctx, up, attempt, call.out, rid, partial(hub.allowed, call.grant, up))
 
     async def exchange() -> None:
         resp = await send(ctx, up, attempt, "POST", headers, body)
@@ -83,20 +82,6 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
     await until_disconnect(ctx, call.receive, bounded(up, exchange(), relay))
 
 
-def keep_tools(hub: Hub, call: Call, up: McpUpstream) -> Any:
-    def transform(msg: dict[str, Any]) -> None:
-        result = msg.get("result")
-        tools = result.get("tools") if isinstance(result, dict) else None
-        if isinstance(result, dict) and isinstance(tools, list):
-            result["tools"] = [
-                t
-                for t in tools
-                if isinstance(t, dict) and hub.allowed(call.grant, up, t.get("name"))
-            ]
-
-    return transform
-
-
 async def stream(hub: Hub, call: Call, up: McpUpstream) -> None:
     """GET: the server's notification stream, relayed until either side ends."""
     ctx, facts = call.ctx, call.ctx.mcp
@@ -107,7 +92,7 @@ async def stream(hub: Hub, call: Call, up: McpUpstream) -> None:
     if session is not None and session.upstream.get(up.name, [""])[0]:
         headers.append(("mcp-session-id", session.upstream[up.name][0]))
     attempt = start_attempt(ctx, up, span_id, "stream")
-    relay = Relay(ctx, up, attempt, call.out, None)
+    relay = Relay(ctx, up, attempt, call.out, None, partial(hub.allowed, call.grant, up))
 
     async def relayed() -> None:
         resp = await send(ctx, up, attempt, "GET", headers, None, stream=True)

@@ -64,7 +64,6 @@ import random
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
 
 import httptools
 from websockets.datastructures import Headers
@@ -75,6 +74,7 @@ from websockets.server import ServerProtocol
 
 from gateway.context import RECEIVED_AT
 from gateway.realtime.frames import BINARY, CONT, PONG, TEXT, Reassembly
+from gateway.target import BadTarget, canonical_path
 from gateway.types import ASGIApp, Message
 
 log = logging.getLogger("gateway")
@@ -444,11 +444,12 @@ class RealtimeWebSocketProtocol(ClientSocket):
             return
         try:
             target = httptools.parse_url(url)
-        except httptools.HttpParserInvalidURLError:
+            path = canonical_path(target.path or b"/")
+        except (httptools.HttpParserInvalidURLError, BadTarget):
             self.respond(conn.reject(400, "Failed to open a WebSocket connection: bad target.\n"))
             return
         self._response = response
-        self.scope = self._scope(http_scope, target, headers, request)
+        self.scope = self._scope(http_scope, path, target.query or b"", headers, request)
         connect: Message = {"type": "websocket.connect", CLIENT_END: self}
         received = http_scope.get(RECEIVED_AT)
         connect[RECEIVED_AT] = received if isinstance(received, float) else time.perf_counter()
@@ -458,10 +459,16 @@ class RealtimeWebSocketProtocol(ClientSocket):
         task.add_done_callback(self.tasks.discard)
 
     def _scope(
-        self, http_scope: dict[str, Any], target: Any, headers: list[Any], request: Request
+        self,
+        http_scope: dict[str, Any],
+        path: bytes,
+        query: bytes,
+        headers: list[Any],
+        request: Request,
     ) -> dict[str, Any]:
-        raw_path: bytes = target.path
-        path = raw_path.decode("latin-1")
+        """The session's ASGI scope. ``path`` and ``raw_path`` are both the canonical target
+        (docs/spec.md §25: gateway/http1.py hands a canonical one over; it is checked again
+        here in one match), so no module can read a second spelling of it."""
         root_path: str = http_scope.get("root_path", "")
         subprotocols = [
             token.strip()
@@ -477,9 +484,9 @@ class RealtimeWebSocketProtocol(ClientSocket):
             "server": http_scope.get("server"),
             "client": http_scope.get("client"),
             "root_path": root_path,
-            "path": root_path + (unquote(path) if "%" in path else path),
-            "raw_path": root_path.encode() + raw_path,
-            "query_string": target.query or b"",
+            "path": root_path + path.decode("ascii"),
+            "raw_path": root_path.encode() + path,
+            "query_string": query,
             "headers": headers,
             "subprotocols": subprotocols,
             "state": self.app_state.copy(),

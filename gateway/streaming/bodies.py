@@ -184,12 +184,9 @@ def upstream_answered(ctx: RequestContext, attempt: Attempt, resp: UpstreamRespo
     the attempt to those, so the client library's own work is the gateway's overhead.
     """
     attempt.at_sockets(resp.started_at, resp.first_byte_at)
-    t = ctx.timeline
-    if attempt.first_byte is not None:
-        t.upstream_first_byte = attempt.first_byte
     if ctx.attempts and ctx.attempts[0] is attempt:
         sent = resp.sent_at
-        t.upstream_sent = attempt.start if sent is None else max(sent, attempt.start)
+        ctx.timeline.upstream_sent = attempt.start if sent is None else max(sent, attempt.start)
 
 
 def upstream_finished(
@@ -199,7 +196,6 @@ def upstream_finished(
     if attempt.end is None:
         done = resp.done_at if resp is not None else None
         attempt.finished(done if done is not None and done >= attempt.start else None)
-        ctx.timeline.upstream_done = attempt.end
 
 
 # ---------------------------------------------------------------- codings

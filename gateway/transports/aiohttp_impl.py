@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 import aiohttp
+from yarl import URL
 
 from gateway.config import BackendConfig
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
@@ -116,8 +117,10 @@ class AiohttpTransport:
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body
     ) -> AiohttpResponse:
         with map_upstream_errors():
+            # encoded: the canonical target goes as it is (docs/spec.md §25); yarl would
+            # otherwise decode some escapes again (%3A to ":") — a second spelling
             resp = await self._session.request(
-                method, url, headers=headers, data=body, allow_redirects=False
+                method, URL(url, encoded=True), headers=headers, data=body, allow_redirects=False
             )
         return AiohttpResponse(resp)
 

@@ -1,8 +1,9 @@
-"""One reservation per request, against real ``redis-server`` processes (issue: budgets that
-never lose or double-count a cent): a dead replica's reservation expires while the budget is
-busy, a live request's does not, a settlement or an admission that timed out (Redis stalled
-with ``DEBUG SLEEP``) is applied exactly once, a request admitted in one period is booked to
-it, and the per-process store follows the same table as the scripts."""
+"""One reservation per request, against real ``redis-server`` processes (budgets that never
+lose or double-count a cent): a dead replica's reservation expires while the budget is busy, a
+live request's does not, a settlement or an admission that timed out (Redis stalled with
+``DEBUG SLEEP``) is applied exactly once, a request admitted per process while Redis was away is
+held there before Redis admits anything new, a request admitted in one period is booked to it,
+and the per-process store follows the same table as the scripts."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gateway.hops.reservations import (
     ADMIT,
     EXPIRE,
     EXPIRED,
+    HOLD,
     RESERVED,
     SETTLE,
     SETTLED,
@@ -71,6 +73,10 @@ def test_the_table_is_total_for_the_events_that_can_happen():
     for state in (None, RESERVED, EXPIRED, SETTLED):
         assert step(state, SETTLE)[0] == SETTLED
         assert (state, ADMIT) in TRANSITIONS
+        # a hold reserves only what has no record: never twice, never after a settlement
+        assert step(state, HOLD) == (
+            (RESERVED, False, False, True) if state is None else (state, False, False, False)
+        )
     assert [s for s, e in TRANSITIONS if e == EXPIRE] == [RESERVED]
     # spending happens on exactly one settle per id
     assert step(SETTLED, SETTLE)[1:3] == (False, False)
@@ -289,7 +295,7 @@ def test_the_redis_script_books_a_late_settlement_to_its_period(redis):
 
 _ops = st.lists(
     st.tuples(
-        st.sampled_from(["admit", "settle"]),
+        st.sampled_from(["admit", "settle", "hold"]),
         st.integers(0, 5),  # which request id
         st.integers(0, 4),  # cost in tenths of a dollar
     ),
@@ -307,8 +313,8 @@ def shared_redis() -> Iterator[RedisServer]:
 @settings(max_examples=40, deadline=None)
 @given(ops=_ops)
 def test_the_scripts_and_the_memory_store_follow_one_table(shared_redis, ops):
-    """Random admits and settles (repeats, unknown ids, settles before admits) leave the same
-    spent and reserved in Redis and in this process."""
+    """Random admits, holds and settles (repeats, unknown ids, settles before admits, holds of
+    admitted or settled ids) leave the same spent and reserved in Redis and in this process."""
     shared_redis.command(b"FLUSHALL")
     a = allowance(key_usd=1.0, tenant_usd=1.5)
     memory = MemoryLimits()
@@ -322,6 +328,10 @@ def test_the_scripts_and_the_memory_store_follow_one_table(shared_redis, ops):
                 if op == "admit":
                     got = (await limits.admit(a, 0, cost, rid)).allowed
                     want = memory.admit_now(a, 0, cost, rid).allowed
+                elif op == "hold":  # never refused, whatever is left
+                    await limits.hold(a, rid, 0, cost)
+                    memory.hold(a, rid, cost)
+                    got = want = True
                 else:
                     spent = Spent(0, 0, 0, cost // 2, True, rid)
                     await limits.settle(a, spent)
@@ -416,3 +426,106 @@ def test_a_hash_left_by_the_release_before_drops_its_bare_reserved_sum(redis):
 
     asyncio.run(scenario())
     assert redis.command(b"HEXISTS " + key + b" u") == b":0"
+
+
+def test_a_request_admitted_while_redis_was_away_is_held_there_before_it_admits_more(redis):
+    """The breaker is open (what a dead Redis does to it): a $0.70 request is admitted here and
+    is still running when Redis answers again. The next admission holds it in Redis first, so
+    Redis refuses a $0.40 one (the reproduction: admitted, $1.10 of a $1.00 budget)."""
+    a = allowance()
+
+    async def scenario() -> None:
+        breaker = CircuitBreaker(failures=1, reset_s=0.2)
+        limits = RedisLimits(redis.url, 500, breaker=breaker)
+        try:
+            assert (await limits.admit(a, 0, 0, "warm")).allowed  # the scripts are loaded
+            breaker.failure()
+            v = await limits.admit(a, 0, 7 * USD // 10, "away")
+            assert v.allowed and not v.shared and limits.unheard == 1
+            assert stored(redis, a.key_budget) == (0, 0)  # Redis has not heard of it
+            await asyncio.sleep(0.3)  # Redis answers again
+            v = await limits.admit(a, 0, 4 * USD // 10, "next")
+            assert not v.allowed and v.shared and v.refused_by == "budget"
+            assert limits.unheard == 0
+            assert stored(redis, a.key_budget) == (0, 7 * USD // 10)
+            assert "away" in limits._live  # its lease is renewed from here on
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 6 * USD // 10, v.shared, "away"))
+        finally:
+            await limits.aclose()
+
+    asyncio.run(scenario())
+    assert stored(redis, a.key_budget) == (6 * USD // 10, 0)
+
+
+def test_a_held_request_is_held_without_traffic_once_redis_answers(redis):
+    """Nothing else happens after the outage: the backlog's own retry holds the request, so
+    another replica sees it before this one admits anything."""
+    a = allowance()
+
+    async def scenario() -> None:
+        breaker = CircuitBreaker(failures=1, reset_s=0.2)
+        limits = RedisLimits(redis.url, 500, breaker=breaker)
+        other = RedisLimits(redis.url, 500)
+        try:
+            breaker.failure()
+            assert (await limits.admit(a, 0, 7 * USD // 10, "away")).allowed
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if not limits.unheard:
+                    break
+            assert not (await other.admit(a, 0, 4 * USD // 10, "elsewhere")).allowed
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 7 * USD // 10, False, "away"))
+        finally:
+            await limits.aclose()
+            await other.aclose()
+
+    asyncio.run(scenario())
+    assert stored(redis, a.key_budget) == (7 * USD // 10, 0)
+
+
+def test_a_hold_after_an_admission_that_ran_late_counts_it_once(redis):
+    """Redis stalled during the admission: this process admitted the request itself and Redis
+    ran the script when it woke. The hold finds the record and reserves nothing more."""
+    a = allowance()
+
+    async def scenario() -> None:
+        limits = RedisLimits(redis.url, 100, breaker=CircuitBreaker(5, 0.1))
+        try:
+            assert (await limits.admit(a, 0, 0, "warm")).allowed  # the scripts are loaded
+            sock = stall(redis, 1.0)
+            v = await limits.admit(a, 0, 3 * USD // 10, "late")
+            assert v.allowed and not v.shared and limits.unheard == 1
+            await asyncio.sleep(1.2)
+            sock.close()
+            assert (await limits.admit(a, 0, USD // 10, "after")).allowed
+            assert limits.unheard == 0
+            assert stored(redis, a.key_budget) == (0, 4 * USD // 10)  # $0.30 once, + $0.10
+            await limits.settle(a, Spent(0, 0, 3 * USD // 10, USD // 10, False, "late"))
+            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, True, "after"))
+        finally:
+            await limits.aclose()
+
+    asyncio.run(scenario())
+    assert stored(redis, a.key_budget) == (2 * USD // 10, 0)
+
+
+def test_a_request_that_ends_before_redis_answers_is_settled_not_held(redis):
+    a = allowance()
+
+    async def scenario() -> None:
+        breaker = CircuitBreaker(failures=1, reset_s=0.2)
+        limits = RedisLimits(redis.url, 500, breaker=breaker)
+        try:
+            breaker.failure()
+            assert (await limits.admit(a, 0, 7 * USD // 10, "away")).allowed
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 5 * USD // 10, False, "away"))
+            assert (limits.unheard, limits.owed) == (0, 1)  # its settlement replaces its hold
+            await asyncio.sleep(0.3)
+            assert (await limits.admit(a, 0, 5 * USD // 10, "next")).allowed  # $0.50 + $0.50
+            assert not (await limits.admit(a, 0, USD // 10, "over")).allowed
+            await limits.settle(a, Spent(0, 0, 5 * USD // 10, 5 * USD // 10, True, "next"))
+        finally:
+            await limits.aclose()
+
+    asyncio.run(scenario())
+    assert stored(redis, a.key_budget) == (USD, 0)

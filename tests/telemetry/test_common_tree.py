@@ -1,5 +1,5 @@
-"""The common request's fast paths write what the general ones do (issue 32): the framed span
-tree of :func:`~gateway.telemetry.spans.build_framed` is byte for byte
+"""The common request's fast paths write what the general ones do: the framed span
+tree of :func:`~gateway.telemetry.spans.framed.build_framed` is byte for byte
 ``frame_spans(build_spans(...))`` with the same ids, and the metrics' per-label-tuple rows
 (:class:`~gateway.telemetry.metrics._Plan`) count what the general path counts."""
 
@@ -18,7 +18,8 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.context import RequestContext
 from gateway.telemetry import metrics as metrics_module
-from gateway.telemetry import otlp, spans
+from gateway.telemetry import otlp
+from gateway.telemetry.spans import builders, framed, tree
 from gateway.telemetry.tracing import Tracing
 
 BASE = """
@@ -144,7 +145,7 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
     assert finished
     general_calls = 0
     general_hits = 0
-    build_spans = spans.build_spans
+    build_spans = builders.build_spans
 
     def counted(ctx: RequestContext, *args: Any, **kwargs: Any) -> list[bytes]:
         nonlocal general_calls, general_hits
@@ -158,12 +159,12 @@ def test_framed_tree_is_the_general_builders_bytes(name, monkeypatch):
         args = (ctx, trace, edge_hops, tracing.edge_hop_count)
         kwargs = {"cache_backend": tracing.cache_backend, "auth_mode": tracing.auth_mode}
         random.seed(7)
-        monkeypatch.setattr(spans, "build_spans", counted)
-        framed = spans.build_framed(*args, **kwargs)
-        monkeypatch.setattr(spans, "build_spans", build_spans)
+        monkeypatch.setattr(framed, "build_spans", counted)
+        written = framed.build_framed(*args, **kwargs)
+        monkeypatch.setattr(framed, "build_spans", build_spans)
         random.seed(7)
         general = build_spans(*args, **kwargs)
-        assert framed == (otlp.frame_spans(general), len(general))
+        assert written == (otlp.frame_spans(general), len(general))
     assert general_calls < len(finished) - 2  # most requests took the common tree
     assert general_hits == 0  # and every cache hit did
     hits = sum(ctx.cache.result == "hit" for _, ctx, _ in finished)
@@ -208,7 +209,7 @@ def test_metric_rows_count_what_the_general_path_counts(name, monkeypatch):
 
 
 def test_cache_spans_are_the_general_builders_bytes(monkeypatch):
-    """The memoised cache span packs (lookup and store) against :func:`spans._cache_span`: the
+    """The memoised cache span packs (lookup and store) against :func:`builders._cache_span`: the
     redis backend's extra attribute, a cache error, no entry size, entry sizes of 1..3 varint
     bytes, a lookup without a store."""
     finished: list[tuple[Tracing, RequestContext]] = []
@@ -235,27 +236,27 @@ def test_cache_spans_are_the_general_builders_bytes(monkeypatch):
                     store_start = outcome.store_start
                     if not store:
                         outcome.store_start = None
-                    tree = spans._Tree(ctx, trace)
+                    common = tree._Tree(ctx, trace)
                     out: list[bytes] = []
-                    count = spans._cache_spans(tree, backend, out)
+                    count = framed._cache_spans(common, backend, out)
                     expected = [
-                        spans._cache_span(
-                            tree,
-                            b"\x22\x08" + tree.ids[16:24],
+                        builders._cache_span(
+                            common,
+                            b"\x22\x08" + common.ids[16:24],
                             "cache lookup",
                             outcome.lookup_start,  # type: ignore[arg-type]
-                            outcome.lookup_end or tree.done,
+                            outcome.lookup_end or common.done,
                             backend,
                         )
                     ]
                     if store:
                         expected.append(
-                            spans._cache_span(
-                                tree,
-                                tree.under_root,
+                            builders._cache_span(
+                                common,
+                                common.under_root,
                                 "cache store",
                                 outcome.store_start,  # type: ignore[arg-type]
-                                outcome.store_end or tree.done,
+                                outcome.store_end or common.done,
                                 backend,
                             )
                         )
