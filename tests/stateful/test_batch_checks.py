@@ -4,7 +4,7 @@ An OpenAI batch's input lines are read before the batch starts, for every key wi
 not only keys with a budget: a line naming a model the key may not call is a 403, one naming
 another tenant's (or an unknown) object a 404, one a reader could take two ways a 400; and
 nothing reaches a backend's ``/batches``. A batch's results are debited however the read is
-spelled: an Anthropic client's headers on an OpenAI output file, a trailing slash."""
+spelled: an Anthropic client's headers on an OpenAI output file, a trailing slash, an escape."""
 
 from __future__ import annotations
 
@@ -112,14 +112,15 @@ def test_an_openai_batch_s_results_are_debited_in_every_spelling(gateway, mock_p
         assert spent(gw) == pytest.approx(want, rel=1e-6)
 
 
-def test_an_anthropic_batch_s_results_with_a_trailing_slash_are_debited(gateway, mock_pair):
+@pytest.mark.parametrize("tail", ["results/", "result%73", "%72esults"])
+def test_an_anthropic_batch_s_results_are_debited_in_every_spelling(gateway, mock_pair, tail):
     a, b = mock_pair
     gw = gateway(gateway_config(keys(1.0) + anthropic_pair_toml(a.url, b.url)))
     with anthropic.Anthropic(base_url=gw.url, api_key=KEY_BUDGET, max_retries=0) as client:
         batch = client.messages.batches.create(requests=message_requests(2))  # type: ignore[arg-type]
         ended_batch(client, batch.id)
         r = httpx2.get(
-            f"{gw.url}/v1/messages/batches/{batch.id}/results/",
+            f"{gw.url}/v1/messages/batches/{batch.id}/{tail}",
             headers={"x-api-key": KEY_BUDGET, "anthropic-version": "2023-06-01"},
             timeout=30,
         )

@@ -395,7 +395,7 @@ def test_the_owner_gets_one_spelling_and_unmodelled_paths_are_never_forwarded(
     before = mark(mock_pair)
     for path in (
         f"/v1/files/{mine.file}/whatever",
-        f"/v1/messages/batches/{mine.batch}/result%73",
+        f"/v1/messages/batches/{mine.batch}/resultz",
         f"/v1/responses/{mine.response}/elsewhere",
         "/v1/chat/completions/chatcmpl-123456",  # stored chat completions: never placed
     ):
