@@ -1,4 +1,4 @@
-"""``gateway doctor`` (gateway/client/doctor.py, docs/spec.md §17) against real servers on
+"""``gateway doctor`` (gateway/client/doctor/, docs/spec.md §17) against real servers on
 loopback."""
 
 from __future__ import annotations
