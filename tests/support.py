@@ -447,3 +447,15 @@ def paced_upstream(sent_at: list[float], gap: float = GAP_S) -> Handler:
         return True
 
     return handler
+
+
+# ---------------------------------------------------------------- waiting for a peer
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait (at most 5 s) for something a peer sees, e.g. a connection's EOF."""
+    deadline = time.monotonic() + 5
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within 5 s: {what}")
+        await asyncio.sleep(0.01)

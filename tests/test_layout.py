@@ -29,7 +29,6 @@ OVER_MODULE_CAP = frozenset(
         "gateway/realtime/server_protocol.py",
         "gateway/realtime/upstream.py",
         "gateway/telemetry/metrics.py",
-        "gateway/transports/h1_impl.py",
     }
 )
 

@@ -51,8 +51,7 @@ def test_aiohttp_pool_closes_idle_connections_after_idle_timeout(upstream):
 
     from gateway.config import BackendConfig
     from gateway.transports.aiohttp_impl import AiohttpTransport
-    from tests.support import answering
-    from tests.transports.test_h1_impl import until
+    from tests.support import answering, until
 
     up = upstream(answering(b"{}"))
 
