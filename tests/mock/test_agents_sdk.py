@@ -21,10 +21,9 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from tests.support import GatewayServer
+from tests.support import GatewayServer, async_openai_client
 
 QUESTION = "What is the weather in Paris?"
 
@@ -52,7 +51,7 @@ def run_agent(
     calls: list[str] = []
 
     async def main() -> tuple[Any, list[Any]]:
-        client = AsyncOpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+        client = async_openai_client(gateway.base_url, "x")
         model: Model = (
             OpenAIChatCompletionsModel(model="gpt-4o", openai_client=client)
             if api == "chat"
