@@ -1,4 +1,4 @@
-"""Nothing unbilled (issue 31, docs/spec.md §20): a priced chat stream asks its upstream for
+"""Nothing unbilled (docs/spec.md §20): a priced chat stream asks its upstream for
 usage when the client did not, the usage chunk stays out of what that client receives, and a
 stream the client cut before its usage arrived is charged from what was relayed.
 

@@ -1,4 +1,4 @@
-"""``gateway probe``: one GET timed the way ``curl -w`` times it (docs/spec.md §3, issue 14).
+"""``gateway probe``: one GET timed the way ``curl -w`` times it (docs/spec.md §3).
 
 The work happens on a socket of our own so that every mark sits where curl puts it:
 
@@ -11,8 +11,8 @@ The work happens on a socket of our own so that every mark sits where curl puts 
 - ``total``: the body has been read to its end (``time_total``).
 
 Every mark is cumulative from the start, like curl's. An HTTP client library would move them:
-its construction, its pool and its own DNS lookup fall between them (issue 14 measured 136 ms of
-"connect" on loopback that way, where curl says 0.5 ms).
+its construction, its pool and its own DNS lookup fall between them (136 ms of "connect" on
+loopback that way, where curl says 0.5 ms).
 
 HTTP/1.1 responses are parsed by httptools (the parser the gateway serves with); when ALPN
 selects ``h2`` the exchange is spoken with the ``h2`` state machine (httpx2's ``http2`` extra).

@@ -748,7 +748,7 @@ def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, cap
             assert resp.status_code == 200
     with chromium() as (page, errors):
         # the refused key's answer is held until the admin key is typed: on a loaded machine
-        # it can come that late (issue 32: the rows never came, the wait ran out after 30 s)
+        # it can come that late (a 30 s wait has run out before the rows came)
         held: list[Route] = []
         page.route("**/api/session", lambda route: held.append(route))
         page.goto(view)

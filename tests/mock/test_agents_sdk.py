@@ -1,5 +1,5 @@
 """An OpenAI Agents SDK agent with one local function tool, through the gateway on the embedded
-default (issue 22): the agent loop really calls the tool, and the final output says its result.
+default: the agent loop really calls the tool, and the final output says its result.
 
 Both model classes the SDK ships for OpenAI-compatible servers (chat/completions and the
 Responses API), each run to completion and streamed, plus a structured ``output_type``. Tracing

@@ -1,5 +1,5 @@
 """Tool calls and structured outputs on the embedded default, through the gateway, driven by
-the official SDKs as agent frameworks drive them (issue 21 item 6).
+the official SDKs as agent frameworks drive them.
 
 The openai SDK's ``parse`` helpers get parsed objects, its tool loops run (chat/completions and
 Responses, JSON and streamed), the anthropic SDK gets ``tool_use`` and answers ``tool_result``;

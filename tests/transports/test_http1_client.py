@@ -488,7 +488,7 @@ def test_a_kept_alive_connection_times_each_wait_from_its_own_start(scripted):
 class _WriteWakesTheUpstream:
     """A socket transport whose write takes a while, as when the write syscall wakes an
     upstream on the same host and the scheduler runs its whole handler before the writer
-    resumes (issue 32): the time of that write is the upstream's, not the gateway's."""
+    resumes: the time of that write is the upstream's, not the gateway's."""
 
     def __init__(self, inner: Any, takes_s: float) -> None:
         self._inner = inner
