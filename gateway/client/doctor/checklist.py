@@ -15,7 +15,7 @@ from gateway.client.doctor.stream_pacing import check_streaming
 from gateway.client.doctor.thresholds import DEFAULT_THRESHOLDS
 from gateway.client.doctor.timed_client import TimedClient, pick_model
 from gateway.client.doctor.ttfb import check_ttfb
-from gateway.client.probe import ProbeError, ProbeResult, Target, probe
+from gateway.client.probe import ProbeError, ProbeResult, ProbeTarget, probe
 
 __all__ = ["DoctorError", "Options", "run"]
 
@@ -40,7 +40,7 @@ def run(options: Options) -> Report:
     """Run every check against ``options.base_url``; :class:`DoctorError` when none can run."""
     base = options.base_url.rstrip("/")
     try:
-        target = Target.parse(base)
+        target = ProbeTarget.parse(base)
     except ValueError as exc:
         raise DoctorError(str(exc)) from None
     th = {**DEFAULT_THRESHOLDS, **options.thresholds}

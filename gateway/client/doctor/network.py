@@ -8,13 +8,16 @@ import ipaddress
 from collections.abc import Mapping
 
 from gateway.client.doctor.report import Check, judge
-from gateway.client.probe import ProbeResult, Target
+from gateway.client.probe import ProbeResult, ProbeTarget
 
 __all__ = ["network_checks"]
 
 
 def network_checks(
-    target: Target, result: ProbeResult | None, marks: Mapping[str, float], th: Mapping[str, float]
+    target: ProbeTarget,
+    result: ProbeResult | None,
+    marks: Mapping[str, float],
+    th: Mapping[str, float],
 ) -> list[Check]:
     def step(name: str, after: str) -> float | None:
         if name not in marks or after not in marks:
