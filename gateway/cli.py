@@ -94,7 +94,7 @@ def _add_probe_and_doctor(sub: Any) -> None:
         nargs="+",
         default=[],
         metavar="NAME=MS",
-        help="override a threshold, e.g. ttfb=500 (names: see the README)",
+        help="override a threshold, e.g. ttfb=500 (names: docs/guide-observability.md)",
     )
     d.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     d.add_argument("--cacert", help="CA bundle to verify https with (default: system store)")

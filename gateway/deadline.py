@@ -2,14 +2,14 @@
 
 The gateway watches three such stretches: a client's request head and the gaps between the
 reads of its body (the client guards, ``gateway/server.py``), each wait for an upstream's answer
-(the h1 client's read timeout, ``gateway/transports/h1_impl.py``), and the gap between two
-events of a stream (the SSE relay's idle timeout, ``gateway/streaming/relay.py``). Each stretch
-starts again far more often than it times out — every chunk, every event, every request — and
-``asyncio.timeout`` rescheduled per chunk made and cancelled a timer handle each time (and
-called ``asyncio.get_running_loop``, a ``getpid`` syscall; issue 15). Here a new stretch only
-notes the loop time; the one timer, when it fires early, is set again for what is left of the
-stretch in progress (or dropped when none is), and only a stretch that really lasted the whole
-timeout calls ``on_expiry``::
+(the HTTP/1.1 client's read timeout, ``gateway/transports/http1_client_connection.py``), and
+the gap between two events of a stream (the SSE relay's idle timeout,
+``gateway/streaming/relay.py``). Each stretch starts again far more often than it times out —
+every chunk, every event, every request — and ``asyncio.timeout`` rescheduled per chunk makes
+and cancels a timer handle each time (and calls ``asyncio.get_running_loop``, a ``getpid``
+syscall). Here a new stretch only notes the loop time; the one timer, when it fires early, is
+set again for what is left of the stretch in progress (or dropped when none is), and only a
+stretch that really lasted the whole timeout calls ``on_expiry``::
 
     d = Deadline(loop, 30.0, on_timeout)
     d.start()      # a stretch begins (the timer is armed if it is not)

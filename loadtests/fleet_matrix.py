@@ -1,4 +1,4 @@
-"""Fleet routing at every load shape (docs/spec.md §21, issue 33): one table, p50 / p99 / req/s
+"""Fleet routing at every load shape (docs/spec.md §21): one table, p50 / p99 / req/s
 per strategy and row.
 
     python loadtests/fleet_matrix.py [--duration 15] [--row NAME ...] [--strategy NAME ...]

@@ -49,7 +49,7 @@ not in them. And RSS, measured first on the fresh gateway (so no memory freed by
 sessions is reused): its resident memory before and after ``--idle`` sessions are opened and
 left idle, per session.
 
-Targets (issue 25): added per-frame p50 ≤ 0.1 ms and p99 ≤ 1 ms on one core; ≤ 50 KiB RSS per
+Targets: added per-frame p50 ≤ 0.1 ms and p99 ≤ 1 ms on one core; ≤ 50 KiB RSS per
 idle session.
 
 Internal modes (what the processes above run): ``--echo PORT``, ``--forward PORT TARGET_PORT``,

@@ -10,6 +10,9 @@ import pytest
 
 from gateway.config import Config
 from gateway.telemetry.logs import ACCESS_LOGGER
+from tests.model_api_support import engine_upstream
+from tests.otlp_receiver import OTLPReceiver
+from tests.redis_support import RedisServer
 from tests.support import (
     GatewayServer,
     Handler,
@@ -61,6 +64,29 @@ def upstream() -> Iterator[Callable[[Handler], ScriptedUpstream]]:
     yield start
     for s in reversed(servers):
         s.stop()
+
+
+@pytest.fixture
+def ups(
+    upstream: Callable[[Handler], ScriptedUpstream],
+) -> tuple[ScriptedUpstream, ScriptedUpstream]:
+    """Two scripted upstreams answering with the mock engine, recording what they got: (claude,
+    gpt) in the model-API tests."""
+    return upstream(engine_upstream()), upstream(engine_upstream())
+
+
+@pytest.fixture
+def receiver() -> Iterator[OTLPReceiver]:
+    """The suite's OTLP/HTTP receiver: the spans the gateways of the test export."""
+    with OTLPReceiver("http") as r:
+        yield r
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    """A ``redis-server`` of the test's own, on a free loopback port."""
+    with RedisServer() as server:
+        yield server
 
 
 def pytest_report_header(config: Any) -> str:

@@ -1,4 +1,5 @@
-"""Real servers on loopback for the tests: the gateway, the mock upstream, scripted upstreams.
+"""Real servers on loopback for the tests: the gateway, the mock upstream, scripted upstreams;
+and the official SDKs as their clients.
 
 Everything here listens on 127.0.0.1 on a free port and is stopped by its own handle.
 """
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anthropic
+import openai
 import uvicorn
 
 from gateway.app import Gateway
@@ -447,3 +450,39 @@ def paced_upstream(sent_at: list[float], gap: float = GAP_S) -> Handler:
         return True
 
     return handler
+
+
+# ---------------------------------------------------------------- the SDKs as clients
+
+
+def openai_client(base_url: str, api_key: str = "k", **kwargs: Any) -> openai.OpenAI:
+    """The official ``openai`` SDK pointed at ``base_url`` (``…/v1``) as an application points
+    it, its own retries off unless asked (``max_retries``): a retry would hide the answer under
+    test. conftest's ``_close_sync_sdk_clients`` closes it at the test's end."""
+    kwargs.setdefault("max_retries", 0)
+    return openai.OpenAI(base_url=base_url, api_key=api_key, **kwargs)
+
+
+def async_openai_client(base_url: str, api_key: str = "k", **kwargs: Any) -> openai.AsyncOpenAI:
+    """:func:`openai_client`'s async twin; the test closes it inside its own loop."""
+    kwargs.setdefault("max_retries", 0)
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs)
+
+
+def anthropic_client(base_url: str, api_key: str = "k", **kwargs: Any) -> anthropic.Anthropic:
+    """The official ``anthropic`` SDK; ``base_url`` is the root (the SDK appends
+    ``/v1/messages``). Retries off and closed at the test's end, as :func:`openai_client`."""
+    kwargs.setdefault("max_retries", 0)
+    return anthropic.Anthropic(base_url=base_url, api_key=api_key, **kwargs)
+
+
+# ---------------------------------------------------------------- waiting for a peer
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait (at most 5 s) for something a peer sees, e.g. a connection's EOF."""
+    deadline = time.monotonic() + 5
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within 5 s: {what}")
+        await asyncio.sleep(0.01)

@@ -14,7 +14,6 @@ The Responses API side (Codex, the Agents SDK) is tests/test_responses_state.py.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -23,26 +22,11 @@ import orjson
 import pytest
 
 from tests.conftest import BACKEND_KEY
-from tests.model_api_support import engine_upstream, metric_lines, trace_of, traced
-from tests.otlp_receiver import OTLPReceiver
-from tests.support import SeenRequest, gateway_config
+from tests.model_api_support import metric_lines, trace_of, traced
+from tests.support import SeenRequest, anthropic_client, gateway_config
 
 CLIENT_KEY = "sk-ant-agent-client-key"
 MESSAGES: list[Any] = [{"role": "user", "content": "How big is this conversation?"}]
-_clients: list[anthropic.Anthropic] = []
-
-
-def client(gw: Any, **kwargs: Any) -> anthropic.Anthropic:
-    c = anthropic.Anthropic(base_url=gw.url, api_key=CLIENT_KEY, max_retries=0, **kwargs)
-    _clients.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
 
 
 def config(claude_url: str, gpt_url: str, claude_route: str = "", extra: str = "") -> Any:
@@ -76,12 +60,6 @@ backends = ["claude"]
     )
 
 
-@pytest.fixture
-def ups(upstream):
-    """(claude, gpt): upstreams answering with the mock engine, recording what they got."""
-    return upstream(engine_upstream()), upstream(engine_upstream())
-
-
 def only(up: Any, path: str) -> list[SeenRequest]:
     return [r for r in up.requests if r.target == path]
 
@@ -92,7 +70,7 @@ def only(up: Any, path: str) -> list[SeenRequest]:
 def test_count_tokens_is_routed_by_model_and_never_cached(gateway, ups):
     claude, gpt = ups
     gw = gateway(config(claude.url, gpt.url))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     for _ in range(2):  # deterministic and asked twice: still never a cache hit
         raw = c.messages.with_raw_response.count_tokens(model="claude-sonnet-4", messages=MESSAGES)
         assert raw.parse().input_tokens > 0
@@ -118,7 +96,7 @@ sha256 = "{digest}"
 tpm = 100
 """
     gw = gateway(config(claude.url, gpt.url, extra=keys))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     long = [{"role": "user", "content": "word " * 400}]  # ~400 tokens: 4 minutes of tpm 100
     for _ in range(3):
         assert c.messages.count_tokens(model="claude-sonnet-4", messages=long).input_tokens > 100
@@ -130,16 +108,10 @@ tpm = 100
         c.messages.count_tokens(model="claude-sonnet-4", messages=MESSAGES)
 
 
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    with OTLPReceiver("http") as r:
-        yield r
-
-
 def test_count_tokens_has_its_own_operation_name(gateway, ups, receiver):
     claude, gpt = ups
     gw = gateway(config(claude.url, gpt.url, extra=traced(receiver.endpoint)))
-    raw = client(gw).messages.with_raw_response.count_tokens(
+    raw = anthropic_client(gw.url, CLIENT_KEY).messages.with_raw_response.count_tokens(
         model="claude-sonnet-4", messages=MESSAGES
     )
     spans = trace_of(receiver, raw.headers, 4)
@@ -165,7 +137,9 @@ def test_anthropic_beta_and_version_reach_the_anthropic_backend(gateway, ups):
             (request.headers.get("anthropic-beta", ""), request.headers["anthropic-version"])
         )
 
-    c = client(gw, http_client=httpx2.Client(event_hooks={"request": [capture]}))
+    c = anthropic_client(
+        gw.url, CLIENT_KEY, http_client=httpx2.Client(event_hooks={"request": [capture]})
+    )
     betas = ["prompt-caching-2024-07-31", "token-efficient-tools-2025-02-19"]
     msg = c.beta.messages.create(
         model="claude-sonnet-4", max_tokens=32, messages=MESSAGES, betas=betas
@@ -216,7 +190,9 @@ def test_cache_control_reaches_the_upstream_byte_for_byte_and_the_window_is_skip
     def capture(request: httpx2.Request) -> None:
         sent.append(request.read())
 
-    c = client(gw, http_client=httpx2.Client(event_hooks={"request": [capture]}))
+    c = anthropic_client(
+        gw.url, CLIENT_KEY, http_client=httpx2.Client(event_hooks={"request": [capture]})
+    )
     system, messages = _conversation(marked=True)
     c.messages.create(model="claude-sonnet-4", max_tokens=16, system=system, messages=messages)
     c.messages.count_tokens(model="claude-sonnet-4", system=system, messages=messages)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
 
 import anthropic
 import httpx2
@@ -23,8 +22,7 @@ import pytest
 
 from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.gateway_process import gateway_process
-from tests.redis_support import RedisServer
-from tests.support import GatewayServer, answering, gateway_config
+from tests.support import GatewayServer, answering, anthropic_client, gateway_config, openai_client
 
 MSG = [{"role": "user", "content": "hello there"}]
 KEY_A = "sk-tenant-a-7c1f0e5d2b"
@@ -118,7 +116,7 @@ def test_no_key_and_a_wrong_key_are_401_and_never_reach_the_upstream(gw, seen):
         err = r.json()["error"]
         assert (err["type"], err["code"], err["param"]) == ("authentication_error", code, None)
         assert r.headers["x-should-retry"] == "false"
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-wrong", max_retries=0)
+    client = openai_client(gw.base_url, "sk-wrong")
     with pytest.raises(openai.AuthenticationError):
         client.chat.completions.create(model="gpt-4o", messages=MSG)
     assert seen.requests == []
@@ -140,16 +138,16 @@ def test_each_credential_header_identifies_the_key_and_none_is_forwarded(gw, see
 
 
 def test_the_openai_sdk_and_the_anthropic_sdk_authenticate(gw, seen):
-    client = openai.OpenAI(base_url=gw.base_url, api_key=KEY_B, max_retries=0)
+    client = openai_client(gw.base_url, KEY_B)
     assert client.chat.completions.create(model="gpt-4o", messages=MSG).usage.total_tokens == 60
-    ant = anthropic.Anthropic(base_url=gw.url, api_key="sk-wrong", max_retries=0)
+    ant = anthropic_client(gw.url, "sk-wrong")
     with pytest.raises(anthropic.AuthenticationError):
         ant.messages.create(model="claude-x", max_tokens=5, messages=MSG)
     assert len(seen.requests) == 1
 
 
 def test_a_model_outside_the_keys_globs_is_403(gw, seen):
-    client = openai.OpenAI(base_url=gw.base_url, api_key=KEY_A, max_retries=0)
+    client = openai_client(gw.base_url, KEY_A)
     with pytest.raises(openai.PermissionDeniedError) as info:
         client.chat.completions.create(model="claude-3-opus", messages=MSG)
     assert info.value.body["code"] == "model_not_allowed"
@@ -274,12 +272,6 @@ def test_tenant_flows_to_the_cache_scope_and_the_access_log(gateway, seen):
 
 
 # ---------------------------------------------------------------- limits shared by replicas
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_rpm_is_shared_by_two_gateway_processes_through_one_redis(tmp_path, seen, redis):

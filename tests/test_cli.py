@@ -10,10 +10,9 @@ import urllib.request
 import venv
 from pathlib import Path
 
-import openai
 import pytest
 
-from tests.support import Process, answering, free_port, gateway_cli
+from tests.support import Process, answering, free_port, gateway_cli, openai_client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +100,7 @@ def test_serve_embedded_default_with_env_port_override(tmp_path):
     env.pop("GATEWAY_CONFIG", None)
     proc = Process(gateway_cli("serve"), port, env=env)
     try:
-        client = openai.OpenAI(base_url=f"{proc.url}/v1", api_key="anything", max_retries=0)
+        client = openai_client(f"{proc.url}/v1", "anything")
         answer = client.chat.completions.create(
             model="any-model-at-all", messages=[{"role": "user", "content": "hello"}]
         )
@@ -161,7 +160,7 @@ def test_mock_upstream_knobs_shape_the_stream():
     try:
         import time
 
-        client = openai.OpenAI(base_url=f"{proc.url}/v1", api_key="x", max_retries=0)
+        client = openai_client(f"{proc.url}/v1", "x")
         start = time.monotonic()
         stamps = []
         for c in client.chat.completions.create(

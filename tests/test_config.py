@@ -156,7 +156,7 @@ def test_a_config_copied_from_the_spec_sections_is_accepted():
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        # the two crashes of issue 13: a string where an array belongs, a backend without url
+        # errors, not crashes: a string where an array belongs, a backend without url
         (
             {"routes": [{"models": "gpt-*", "backends": ["a"]}]},
             "routes[0].models: expected an array, got a string",

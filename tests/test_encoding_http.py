@@ -21,7 +21,6 @@ from typing import Any
 
 import brotli
 import httpx2
-import openai
 import orjson
 import pytest
 import zstandard
@@ -36,6 +35,7 @@ from tests.support import (
     chunk,
     config_for,
     http_response,
+    openai_client,
     paced_upstream,
     sse_head,
 )
@@ -642,7 +642,7 @@ def test_openai_sdk_streams_through_compression(gateway, upstream):
     sent_at: list[float] = []
     up = upstream(paced_upstream(sent_at))
     gw = gateway(config_for(up.url, extra=NO_CACHE))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     try:
         raw = client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": "user", "content": "go"}], stream=True

@@ -12,7 +12,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.support import config_for, free_port, gateway_config, http_response
+from tests.support import config_for, free_port, gateway_config, http_response, openai_client
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -71,7 +71,7 @@ def test_400_for_completions_and_embeddings_shapes(gw):
 
 
 def test_400_is_raised_by_the_sdk_as_bad_request(gw):
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}], extra_body={"n": "two"}
@@ -92,7 +92,7 @@ backends = ["up"]
 """
         )
     )
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="llama-3", messages=[{"role": "user", "content": "x"}])
     assert info.value.body["type"] == "not_found_error"
@@ -184,7 +184,7 @@ def test_504_upstream_read_timeout(gateway, upstream):
         return False
 
     gw = gateway(config_for(upstream(stall).url, backend_extra="read_timeout_s = 0.3"))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 504

@@ -29,7 +29,7 @@ from tests.fleet_support import ModelServer, gauges, sees, unknown, wait_until
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver
 from tests.realtime.test_handshake import refused, run
-from tests.support import GatewayServer, free_port, gateway_config
+from tests.support import GatewayServer, anthropic_client, free_port, gateway_config, openai_client
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 NO_CACHE = '[cache]\nbackend = "off"\n'
@@ -57,10 +57,6 @@ def config(
     )
 
 
-def client(gw: GatewayServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
-
-
 #: one SDK client per gateway in a test (conftest closes them at its end)
 _CLIENTS: dict[int, openai.OpenAI] = {}
 _CLAUDES: dict[int, anthropic.Anthropic] = {}
@@ -76,7 +72,7 @@ def _one_client_per_gateway() -> Iterator[None]:
 def chat(gw: GatewayServer, n: int, **kw: Any) -> None:
     oai = _CLIENTS.get(gw.port)
     if oai is None:
-        oai = _CLIENTS[gw.port] = client(gw)
+        oai = _CLIENTS[gw.port] = openai_client(gw.base_url, "x")
     for _ in range(n):
         answer = oai.chat.completions.create(model="m", messages=MESSAGES, **kw)  # type: ignore[call-overload]
         assert answer.choices[0].message.content
@@ -225,8 +221,9 @@ def test_all_saturated_goes_to_the_least_loaded_or_is_shed(gateway):
         chat(keep, 4)
         assert served(fleet) == {"b": 4}  # the least loaded, though saturated
         fresh(fleet)
+        shed_client = openai_client(shed.base_url, "x")
         with pytest.raises(openai.APIStatusError) as err:
-            client(shed).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+            shed_client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
         resp = err.value.response
         assert resp.status_code == 503
         assert resp.headers["retry-after"] == "1" and resp.headers["x-should-retry"] == "true"
@@ -259,7 +256,7 @@ def test_a_failing_metrics_endpoint_never_fails_a_request(gateway):
             + NO_CACHE
         )
         gw = gateway(cfg)
-        oai = client(gw)
+        oai = openai_client(gw.base_url, "x")
 
         def one(i: int) -> str:
             answer = oai.chat.completions.create(
@@ -308,7 +305,7 @@ SESSION_CARRIERS: list[tuple[str, Callable[[GatewayServer, str], None]]] = [
     (
         "metadata.user_id",
         lambda gw, key: (
-            anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
+            anthropic_client(gw.url, "x")
             .messages.create(
                 model="claude-sonnet-4", max_tokens=8, messages=MESSAGES, metadata={"user_id": key}
             )
@@ -389,7 +386,7 @@ def test_when_a_backend_leaves_only_its_keys_move(gateway):
 def test_prefix_affinity_keeps_a_prompt_prefix_on_one_backend(gateway):
     with servers("a", "b", "c") as fleet:
         gw = gateway(config(fleet, 'strategy = "least_loaded"\naffinity = "prefix"'))
-        oai = client(gw)
+        oai = openai_client(gw.base_url, "x")
         systems = [
             f"You are assistant number {i}. " + "Follow the house style. " * 100 for i in range(18)
         ]
@@ -420,7 +417,7 @@ def test_the_attempt_span_carries_the_affinity_and_the_backends_load(gateway):
         b.force(queue=2, running=1, kv=0.25)
         gw = gateway(config(fleet, 'affinity = "session"', extra=traced(otlp.endpoint)))
         sees(gw.url, [("queue_depth", "a", 3.0), ("queue_depth", "b", 2.0)])
-        oai = client(gw)
+        oai = openai_client(gw.base_url, "x")
         oai.chat.completions.create(model="m", messages=MESSAGES, user="dora")
         home = next(s for s in fleet if s.count())
         home.force(queue=5, running=2, kv=0.5)  # saturated: the session spills

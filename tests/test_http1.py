@@ -17,7 +17,7 @@ import pytest
 from gateway.http1 import Edge
 from gateway.server import Server, bind
 from tests.gateway_process import Answer, read_answer
-from tests.transports.test_h1_impl import until
+from tests.support import until
 
 #: an app bug, by path: a header that must never reach the wire
 _BAD_HEADERS = {

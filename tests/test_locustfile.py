@@ -55,7 +55,7 @@ def run_locust(host: str, tmp_path: Path, seconds: int) -> dict[tuple[str, str],
 
 
 def test_locustfile_drives_every_user_type_without_failures(gateway, tmp_path):
-    """The 10 s headless smoke run of issue 15: every user type, zero failures."""
+    """A 10 s headless smoke run: every user type, zero failures."""
     gw = gateway(
         gateway_config("""
 [[backends]]

@@ -8,7 +8,6 @@ cached.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -30,31 +29,11 @@ from tests.model_api_support import (
     traced,
     two_routes,
 )
-from tests.otlp_receiver import OTLPReceiver
+from tests.support import anthropic_client
 from tests.test_encoding_http import read_events_live
 
 CLIENT_KEY = "sk-ant-client-key-never-forwarded"
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about gateways"}]
-_clients: list[anthropic.Anthropic] = []
-
-
-def client(gw: Any, **kwargs: Any) -> anthropic.Anthropic:
-    c = anthropic.Anthropic(base_url=gw.url, api_key=CLIENT_KEY, max_retries=0, **kwargs)
-    _clients.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-@pytest.fixture
-def ups(upstream):
-    """Two upstreams answering with the mock engine: (claude, gpt)."""
-    return upstream(engine_upstream()), upstream(engine_upstream())
 
 
 def models_seen(up: Any) -> list[str]:
@@ -73,7 +52,7 @@ def create(
 def test_create_json_stream_and_the_stream_helper(gateway, mock_upstream, upstream):
     gpt = upstream(engine_upstream())
     gw = gateway(two_routes(mock_upstream.url + "/v1", gpt.url, mock_to="claude"))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     msg = create(c, system="Be brief.")
     assert msg.type == "message" and msg.role == "assistant"
     assert msg.model == "claude-sonnet-4" and msg.stop_reason == "end_turn"
@@ -95,7 +74,7 @@ def test_create_json_stream_and_the_stream_helper(gateway, mock_upstream, upstre
 def test_routed_by_model_with_the_anthropic_key_headers(gateway, ups):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     create(c, model="claude-haiku-4")
     list(create(c, model="claude-sonnet-4", stream=True))
     create(c, model="gpt-4.1")  # any API: the model decides the route
@@ -119,7 +98,9 @@ def test_routed_by_model_with_the_anthropic_key_headers(gateway, ups):
 def test_the_client_s_own_anthropic_version_is_forwarded_unchanged(gateway, ups):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url))
-    create(client(gw, default_headers={"anthropic-version": "2023-01-01"}))
+    create(
+        anthropic_client(gw.url, CLIENT_KEY, default_headers={"anthropic-version": "2023-01-01"})
+    )
     (r,) = claude.requests
     assert [v for k, v in r.headers if k.lower() == "anthropic-version"] == ["2023-01-01"]
     assert r.header("x-api-key") == BACKEND_KEY
@@ -169,7 +150,9 @@ def test_bad_bodies_are_refused_before_any_upstream(gateway, ups, body, code):
 def test_the_sdk_raises_bad_request(gateway, ups):
     gw = gateway(two_routes(*(u.url for u in ups)))
     with pytest.raises(anthropic.BadRequestError):
-        client(gw).messages.create(model="claude-sonnet-4", max_tokens=64, messages=[])
+        anthropic_client(gw.url, CLIENT_KEY).messages.create(
+            model="claude-sonnet-4", max_tokens=64, messages=[]
+        )
 
 
 POLICIES = "max_tokens_cap = 5\nhistory_window = 2"
@@ -178,7 +161,7 @@ POLICIES = "max_tokens_cap = 5\nhistory_window = 2"
 def test_max_tokens_cap_clamps_max_tokens_or_sets_it(gateway, ups):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url, route_extra=POLICIES))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     capped = create(c)  # 64 -> 5
     create(c, max_tokens=3)
     # no max_tokens at all (the upstream would refuse it): the cap sets it
@@ -202,7 +185,7 @@ def test_history_window_never_opens_on_an_answer_or_a_tool_result(gateway, ups):
         {"role": "assistant", "content": [tool_use]},
         {"role": "user", "content": [tool_result]},
     ]
-    client(gw).messages.create(
+    anthropic_client(gw.url, CLIENT_KEY).messages.create(
         model="claude-sonnet-4", max_tokens=8, system="Be brief.", messages=history
     )
     sent = orjson.loads(claude.requests[0].body)
@@ -221,7 +204,7 @@ def test_each_event_reaches_the_sdk_before_the_upstream_sends_the_next(gateway, 
     gw = gateway(two_routes(claude.url, claude.url))
     received_at: list[float] = []
     types: list[str] = []
-    for event in create(client(gw), stream=True):
+    for event in create(anthropic_client(gw.url, CLIENT_KEY), stream=True):
         received_at.append(time.monotonic())
         types.append(event.type)
     assert types[0] == "message_start" and types[-1] == "message_stop"
@@ -256,7 +239,7 @@ def test_a_compressed_stream_is_flushed_event_by_event(gateway, upstream, coding
 def test_mock_cut_stream_raises_in_the_sdk_and_in_the_stream_helper(gateway, mock_upstream):
     url = mock_upstream.url + "/v1"
     gw = gateway(two_routes(url, url, mock_to="claude"))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     texts: list[str] = []
     with pytest.raises(anthropic.APIStatusError) as info:
         for event in create(c, model="mock-cut-3", stream=True):
@@ -286,7 +269,7 @@ def test_a_broken_stream_ends_with_anthropic_s_error_event(gateway, upstream, fa
     claude = upstream(scripted_stream(events, fault))
     gw = gateway(two_routes(claude.url, claude.url))
     with pytest.raises(anthropic.APIStatusError) as info:
-        list(create(client(gw), stream=True))
+        list(create(anthropic_client(gw.url, CLIENT_KEY), stream=True))
     assert type(info.value) is anthropic.APIStatusError
     payload = {"model": "claude-x", "max_tokens": 9, "messages": MESSAGES, "stream": True}
     got = raw_events(gw.base_url + "/messages", payload)
@@ -311,17 +294,11 @@ def test_events_after_message_stop_are_not_relayed(gateway, upstream):
 # ---------------------------------------------------------------- traces, metrics, cache
 
 
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    with OTLPReceiver("http") as r:
-        yield r
-
-
 def test_client_and_root_spans_carry_model_route_and_tokens(gateway, upstream, receiver):
     events = messages_events(WORDS[:3])
     claude = upstream(scripted_stream(events, "end"))
     gw = gateway(two_routes(claude.url, claude.url, extra=traced(receiver.endpoint)))
-    raw = client(gw).messages.with_raw_response.create(
+    raw = anthropic_client(gw.url, CLIENT_KEY).messages.with_raw_response.create(
         model="claude-sonnet-4",
         max_tokens=64,
         messages=MESSAGES,
@@ -359,7 +336,7 @@ def test_a_json_answer_s_usage_and_a_cut_stream_s_error_on_the_spans(
 ):
     url = mock_upstream.url + "/v1"
     gw = gateway(two_routes(url, url, mock_to="claude", extra=traced(receiver.endpoint)))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     raw = c.messages.with_raw_response.create(
         model="claude-sonnet-4", max_tokens=64, messages=MESSAGES
     )
@@ -383,7 +360,7 @@ def test_a_json_answer_s_usage_and_a_cut_stream_s_error_on_the_spans(
 def test_requests_tokens_and_cut_streams_are_counted(gateway, mock_upstream):
     url = mock_upstream.url + "/v1"
     gw = gateway(two_routes(url, url, mock_to="claude"))
-    c = client(gw)
+    c = anthropic_client(gw.url, CLIENT_KEY)
     msg = create(c)
     with pytest.raises(anthropic.APIStatusError):
         list(create(c, model="mock-cut-1", stream=True))

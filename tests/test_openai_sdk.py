@@ -7,7 +7,7 @@ import asyncio
 import openai
 import pytest
 
-from tests.support import config_for
+from tests.support import async_openai_client, config_for, openai_client
 
 MESSAGES = [{"role": "user", "content": "Tell me about gateways"}]
 
@@ -18,8 +18,8 @@ def gw(gateway, mock_upstream):
 
 
 def test_chat_json_sync(gw, mock_upstream):
-    via = openai.OpenAI(base_url=gw.base_url, api_key="sk-client", max_retries=0)
-    direct = openai.OpenAI(base_url=mock_upstream.url + "/v1", api_key="x", max_retries=0)
+    via = openai_client(gw.base_url, "sk-client")
+    direct = openai_client(mock_upstream.url + "/v1", "x")
     got = via.chat.completions.create(model="mock-gpt-4o", messages=MESSAGES, temperature=0)
     want = direct.chat.completions.create(model="mock-gpt-4o", messages=MESSAGES, temperature=0)
     assert got.object == "chat.completion"
@@ -30,8 +30,8 @@ def test_chat_json_sync(gw, mock_upstream):
 
 
 def test_chat_stream_sync_joins_to_upstream_text_and_relays_usage(gw, mock_upstream):
-    via = openai.OpenAI(base_url=gw.base_url, api_key="sk-client", max_retries=0)
-    direct = openai.OpenAI(base_url=mock_upstream.url + "/v1", api_key="x", max_retries=0)
+    via = openai_client(gw.base_url, "sk-client")
+    direct = openai_client(mock_upstream.url + "/v1", "x")
 
     def collect(client: openai.OpenAI) -> tuple[str, list]:
         chunks = list(
@@ -57,8 +57,8 @@ def test_chat_stream_sync_joins_to_upstream_text_and_relays_usage(gw, mock_upstr
 
 def test_async_client_chat_stream_completions_embeddings_models(gw, mock_upstream):
     async def main() -> None:
-        via = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-client", max_retries=0)
-        direct = openai.AsyncOpenAI(base_url=mock_upstream.url + "/v1", api_key="x", max_retries=0)
+        via = async_openai_client(gw.base_url, "sk-client")
+        direct = async_openai_client(mock_upstream.url + "/v1", "x")
         async with via, direct:
             chat = await via.chat.completions.create(model="mock-gpt-4o-mini", messages=MESSAGES)
             assert chat.choices[0].message.content
@@ -99,7 +99,7 @@ def test_async_client_chat_stream_completions_embeddings_models(gw, mock_upstrea
 
 
 def test_sync_completions_embeddings_models(gw):
-    via = openai.OpenAI(base_url=gw.base_url, api_key="sk-client", max_retries=0)
+    via = openai_client(gw.base_url, "sk-client")
     comp = via.completions.create(model="mock-gpt-4o", prompt="hello", max_tokens=3)
     assert len(comp.choices[0].text.split()) == 3
     emb = via.embeddings.create(model="mock-embedding-3-small", input="hello", dimensions=8)
@@ -108,7 +108,7 @@ def test_sync_completions_embeddings_models(gw):
 
 
 def test_upstream_error_is_passed_through_with_status_and_body(gw):
-    via = openai.OpenAI(base_url=gw.base_url, api_key="sk-client", max_retries=0)
+    via = openai_client(gw.base_url, "sk-client")
     with pytest.raises(openai.BadRequestError) as info:
         via.chat.completions.create(model="mock-status-400", messages=MESSAGES)
     assert info.value.status_code == 400

@@ -51,7 +51,14 @@ from tests.prometheus_support import (
     variables_in,
 )
 from tests.redis_support import RedisServer
-from tests.support import GatewayServer, Process, free_port, gateway_cli
+from tests.support import (
+    GatewayServer,
+    Process,
+    async_openai_client,
+    free_port,
+    gateway_cli,
+    openai_client,
+)
 
 ROUNDS = 3
 DEPLOY_CONFIG = ROOT / "deploy/gateway/gateway.toml"
@@ -151,7 +158,7 @@ def _mcp_round(gw: GatewayServer) -> None:
 
 
 async def _realtime_turn(base_url: str, n: int) -> None:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-client-key")
+    client = async_openai_client(base_url, "sk-client-key")
     try:
         async with client.realtime.connect(model="mock-gpt-4o") as conn:
             await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
@@ -217,7 +224,7 @@ def stack(mock_upstream: Process, model_server: Process) -> Iterator[Stack]:
         try:
             prom.start()
             started = time.time()
-            client = openai.OpenAI(base_url=gw.base_url, api_key="sk-client-key", max_retries=0)
+            client = openai_client(gw.base_url, "sk-client-key")
             for n in range(ROUNDS):
                 _round(client, gw, n)
                 # every scrape from now on has at least this count: wait for one of them

@@ -31,7 +31,7 @@ from tests.gateway_process import (
     gateway_process,
     raise_fd_limit,
 )
-from tests.support import http_response
+from tests.support import http_response, openai_client
 
 #: short cool-downs keep the tests short (the default is 30 s)
 EJECT_FOR_S = 1.0
@@ -122,7 +122,7 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
 
 
 def client_for(port: int) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+    return openai_client(f"http://127.0.0.1:{port}/v1")
 
 
 def complete(client: openai.OpenAI, model: str) -> str:

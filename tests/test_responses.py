@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -31,32 +30,10 @@ from tests.model_api_support import (
     traced,
     two_routes,
 )
-from tests.otlp_receiver import OTLPReceiver
+from tests.support import openai_client
 from tests.test_encoding_http import read_events_live
 
 PROMPT = "Tell me about gateways"
-
-
-_clients: list[openai.OpenAI] = []
-
-
-def client(gw: Any) -> openai.OpenAI:
-    c = openai.OpenAI(base_url=gw.base_url, api_key="sk-client-key", max_retries=0)
-    _clients.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
-
-
-@pytest.fixture
-def ups(upstream):
-    """Two upstreams answering with the mock engine: (claude, gpt)."""
-    return upstream(engine_upstream()), upstream(engine_upstream())
 
 
 def models_seen(up: Any) -> list[str]:
@@ -69,7 +46,7 @@ def models_seen(up: Any) -> list[str]:
 def test_create_json_stream_and_the_stream_helper(gateway, mock_upstream, upstream):
     claude = upstream(engine_upstream())
     gw = gateway(two_routes(claude.url, mock_upstream.url + "/v1"))
-    oai = client(gw)
+    oai = openai_client(gw.base_url, "sk-client-key")
     resp = oai.responses.create(model="gpt-4.1", input=PROMPT, instructions="Be brief.")
     assert resp.object == "response" and resp.status == "completed"
     assert resp.model == "gpt-4.1" and resp.output_text
@@ -92,7 +69,7 @@ def test_create_json_stream_and_the_stream_helper(gateway, mock_upstream, upstre
 def test_routed_by_model_to_the_route_s_backend(gateway, ups):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url))
-    oai = client(gw)
+    oai = openai_client(gw.base_url, "sk-client-key")
     oai.responses.create(model="gpt-4.1-mini", input=PROMPT)
     list(oai.responses.create(model="gpt-4.1", input=PROMPT, stream=True))
     oai.responses.create(model="claude-sonnet-4", input=PROMPT)  # any API: the model decides
@@ -121,7 +98,12 @@ def test_a_failing_backend_is_retried(gateway, upstream):
 
     gpt = upstream(flaky)
     gw = gateway(two_routes(gpt.url, gpt.url))
-    assert client(gw).responses.create(model="gpt-4.1", input=PROMPT).status == "completed"
+    assert (
+        openai_client(gw.base_url, "sk-client-key")
+        .responses.create(model="gpt-4.1", input=PROMPT)
+        .status
+        == "completed"
+    )
     assert len(calls) == 2
 
 
@@ -155,7 +137,9 @@ def test_bad_bodies_are_refused_before_any_upstream(gateway, ups, body, code):
 def test_the_sdk_raises_bad_request(gateway, ups):
     gw = gateway(two_routes(*(u.url for u in ups)))
     with pytest.raises(openai.BadRequestError) as info:
-        client(gw).responses.create(model="gpt-4.1", input=PROMPT, max_output_tokens=0)
+        openai_client(gw.base_url, "sk-client-key").responses.create(
+            model="gpt-4.1", input=PROMPT, max_output_tokens=0
+        )
     assert info.value.code == "invalid_value"
 
 
@@ -165,7 +149,7 @@ POLICIES = "max_tokens_cap = 5\nhistory_window = 2"
 def test_max_tokens_cap_clamps_max_output_tokens_or_sets_it(gateway, ups):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url, route_extra=POLICIES))
-    oai = client(gw)
+    oai = openai_client(gw.base_url, "sk-client-key")
     capped = oai.responses.create(model="gpt-4.1", input=PROMPT, max_output_tokens=50)
     oai.responses.create(model="gpt-4.1", input=PROMPT)
     oai.responses.create(model="gpt-4.1", input=PROMPT, max_output_tokens=3)
@@ -188,8 +172,10 @@ def test_history_window_keeps_instructions_and_never_opens_on_a_tool_output(gate
         {"type": "function_call_output", "call_id": "c1", "output": "42"},
         {"role": "user", "content": "three"},
     ]
-    client(gw).responses.create(model="gpt-4.1", input=items)  # type: ignore[arg-type]
-    client(gw).responses.create(model="gpt-4.1", input=PROMPT)  # a string: nothing to window
+    openai_client(gw.base_url, "sk-client-key").responses.create(model="gpt-4.1", input=items)  # type: ignore[arg-type]
+    openai_client(gw.base_url, "sk-client-key").responses.create(
+        model="gpt-4.1", input=PROMPT
+    )  # a string: nothing to window
     windowed, plain = (orjson.loads(r.body)["input"] for r in gpt.requests)
     # the last 2 would open on the tool output (its call cut off): the window moves to "three"
     assert windowed == [items[0], items[5]]
@@ -206,7 +192,9 @@ def test_each_event_reaches_the_sdk_before_the_upstream_sends_the_next(gateway, 
     gw = gateway(two_routes(gpt.url, gpt.url))
     received_at: list[float] = []
     types: list[str] = []
-    for event in client(gw).responses.create(model="gpt-4.1", input=PROMPT, stream=True):
+    for event in openai_client(gw.base_url, "sk-client-key").responses.create(
+        model="gpt-4.1", input=PROMPT, stream=True
+    ):
         received_at.append(time.monotonic())
         types.append(event.type)
     assert types == ["response.created"] + ["response.output_text.delta"] * len(WORDS) + [
@@ -247,13 +235,17 @@ def test_every_terminal_event_completes_the_stream(gateway, upstream, end):
     events = responses_events(WORDS[:2], end=end)
     gpt = upstream(scripted_stream(events, "end"))
     gw = gateway(two_routes(gpt.url, gpt.url))
-    got = list(client(gw).responses.create(model="gpt-4.1", input=PROMPT, stream=True))
+    got = list(
+        openai_client(gw.base_url, "sk-client-key").responses.create(
+            model="gpt-4.1", input=PROMPT, stream=True
+        )
+    )
     assert [e.type for e in got][-1] == end  # no error event after it: the answer is whole
 
 
 def test_mock_cut_stream_raises_in_the_sdk_and_in_the_stream_helper(gateway, mock_upstream):
     gw = gateway(two_routes(mock_upstream.url + "/v1", mock_upstream.url + "/v1"))
-    oai = client(gw)
+    oai = openai_client(gw.base_url, "sk-client-key")
     deltas: list[str] = []
     with pytest.raises(openai.APIError) as info:
         for event in oai.responses.create(model="mock-cut-3", input=PROMPT, stream=True):
@@ -283,7 +275,11 @@ def test_a_broken_stream_ends_with_an_error_event_the_sdk_raises(gateway, upstre
     gpt = upstream(scripted_stream(events, fault))
     gw = gateway(two_routes(gpt.url, gpt.url))
     with pytest.raises(openai.APIError) as info:
-        list(client(gw).responses.create(model="gpt-4.1", input=PROMPT, stream=True))
+        list(
+            openai_client(gw.base_url, "sk-client-key").responses.create(
+                model="gpt-4.1", input=PROMPT, stream=True
+            )
+        )
     assert type(info.value) is openai.APIError
     assert info.value.body["type"] == FAULTS[fault]  # type: ignore[index]
     # on the wire: the upstream's events, then one `error` event shaped like the API's own
@@ -308,23 +304,21 @@ def test_a_stream_cut_before_its_first_event_is_a_502(gateway, upstream):
 
     gw = gateway(two_routes(upstream(empty).url, upstream(empty).url))
     with pytest.raises(openai.APIStatusError) as info:
-        list(client(gw).responses.create(model="gpt-4.1", input=PROMPT, stream=True))
+        list(
+            openai_client(gw.base_url, "sk-client-key").responses.create(
+                model="gpt-4.1", input=PROMPT, stream=True
+            )
+        )
     assert info.value.status_code == 502
 
 
 # ---------------------------------------------------------------- traces, metrics, log, cache
 
 
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    with OTLPReceiver("http") as r:
-        yield r
-
-
 def test_client_and_root_spans_carry_model_route_and_tokens(gateway, ups, receiver):
     claude, gpt = ups
     gw = gateway(two_routes(claude.url, gpt.url, extra=traced(receiver.endpoint)))
-    oai = client(gw)
+    oai = openai_client(gw.base_url, "sk-client-key")
     raw = oai.responses.with_raw_response.create(
         model="gpt-4.1", input=PROMPT, max_output_tokens=40, temperature=0.5
     )
@@ -366,7 +360,7 @@ def test_client_and_root_spans_carry_model_route_and_tokens(gateway, ups, receiv
 def test_a_cut_stream_makes_the_root_and_client_spans_error(gateway, mock_upstream, receiver):
     url = mock_upstream.url + "/v1"
     gw = gateway(two_routes(url, url, extra=traced(receiver.endpoint)))
-    raw = client(gw).responses.with_raw_response.create(
+    raw = openai_client(gw.base_url, "sk-client-key").responses.with_raw_response.create(
         model="mock-cut-2", input=PROMPT, stream=True
     )
     with pytest.raises(openai.APIError):
@@ -382,7 +376,7 @@ def test_a_cut_stream_makes_the_root_and_client_spans_error(gateway, mock_upstre
 def test_requests_tokens_and_cut_streams_are_counted(gateway, mock_upstream):
     url = mock_upstream.url + "/v1"
     gw = gateway(two_routes(url, url))
-    oai = client(gw)
+    oai = openai_client(gw.base_url, "sk-client-key")
     resp = oai.responses.create(model="gpt-4.1", input=PROMPT)
     with pytest.raises(openai.APIError):
         list(oai.responses.create(model="mock-cut-1", input=PROMPT, stream=True))
@@ -407,7 +401,9 @@ def test_access_log_line_has_route_backend_and_tokens(gateway, ups):
     logging.getLogger(ACCESS_LOGGER).addHandler(handler)
     try:
         gw = gateway(two_routes(*(u.url for u in ups), extra='[logging]\naccess_log = "all"'))
-        resp = client(gw).responses.create(model="gpt-4.1", input=PROMPT)
+        resp = openai_client(gw.base_url, "sk-client-key").responses.create(
+            model="gpt-4.1", input=PROMPT
+        )
         deadline = time.monotonic() + 5
         while not lines and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -11,7 +11,6 @@ the other backend fails here as it fails a real client. Routes balance over both
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +19,8 @@ import openai
 import pytest
 
 from tests.gateway_process import gateway_process
-from tests.redis_support import RedisServer
 from tests.responses_state_support import ResponsesBackend, two_backend_config
-from tests.support import gateway_config
-
-_clients: list[openai.OpenAI] = []
-
-
-def client(base: Any) -> openai.OpenAI:
-    url = base if isinstance(base, str) else base.base_url
-    c = openai.OpenAI(base_url=url, api_key="sk-client-key", max_retries=0, timeout=20)
-    _clients.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
+from tests.support import gateway_config, openai_client
 
 
 @pytest.fixture
@@ -84,7 +66,7 @@ def test_a_conversation_s_turns_all_reach_the_backend_that_holds_it(
 ):
     a, b, sa, sb = backends
     gw = gateway(gateway_config(two_backend_config(sa.url, sb.url, strategy)))
-    c = client(gw)
+    c = openai_client(gw.base_url, "sk-client-key", timeout=20)
     first = create(c, stream)
     owner = text_of(first).split()[0]
     assert text_of(first) == f"{owner} turn 1"
@@ -105,7 +87,7 @@ def test_a_conversation_s_turns_all_reach_the_backend_that_holds_it(
 def test_retrieve_input_items_cancel_and_delete_reach_the_owner(gateway, backends):
     a, b, sa, sb = backends
     gw = gateway(gateway_config(two_backend_config(sa.url, sb.url, "weighted")))
-    c = client(gw)
+    c = openai_client(gw.base_url, "sk-client-key", timeout=20)
     on_a = create(c, input="first question")
     on_b = create(c, background=True)  # weighted 1:1: the second call goes to b
     assert on_a.id in a.stored and on_b.id in b.stored and on_b.status == "queued"
@@ -134,7 +116,7 @@ def test_retrieve_input_items_cancel_and_delete_reach_the_owner(gateway, backend
 def test_unknown_ids_go_by_model_and_the_answer_passes_through(gateway, backends):
     a, _, sa, sb = backends
     gw = gateway(gateway_config(two_backend_config(sa.url, sb.url, "weighted")))
-    c = client(gw)
+    c = openai_client(gw.base_url, "sk-client-key", timeout=20)
     with pytest.raises(openai.NotFoundError) as caught:
         create(c, previous_response_id="resp_nobody_knows")
     assert caught.value.code == "previous_response_not_found"
@@ -150,7 +132,7 @@ def test_unknown_ids_go_by_model_and_the_answer_passes_through(gateway, backends
 def test_store_false_creates_no_mapping(gateway, backends):
     a, _, sa, sb = backends
     gw = gateway(gateway_config(two_backend_config(sa.url, sb.url, "weighted")))
-    c = client(gw)
+    c = openai_client(gw.base_url, "sk-client-key", timeout=20)
     owners = gw.app.runtime.ownership.local
     unstored = create(c, store=False)
     assert text_of(unstored) == "a turn 1" and not a.stored
@@ -165,7 +147,7 @@ def test_an_ejected_owner_is_still_tried_and_its_error_passes_through(gateway, b
         sa.url, sb.url, "ordered", backend_extra="eject_after = 1\neject_for_s = 600"
     )
     gw = gateway(gateway_config(config))
-    c = client(gw)
+    c = openai_client(gw.base_url, "sk-client-key", timeout=20)
     first = create(c)
     assert text_of(first) == "a turn 1"
     a.fail_next = 1
@@ -190,12 +172,6 @@ def test_an_ejected_owner_is_still_tried_and_its_error_passes_through(gateway, b
 # ---------------------------------------------------------------- replicas sharing Redis
 
 
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 def test_two_replicas_sharing_redis_route_every_turn_to_the_owner(tmp_path: Path, backends, redis):
     a, b, sa, sb = backends
     body = two_backend_config(
@@ -205,7 +181,10 @@ def test_two_replicas_sharing_redis_route_every_turn_to_the_owner(tmp_path: Path
         gateway_process(tmp_path, body) as one,
         gateway_process(tmp_path, body) as two,
     ):
-        replicas = [client(one.url + "/v1"), client(two.url + "/v1")]
+        replicas = [
+            openai_client(one.url + "/v1", "sk-client-key", timeout=20),
+            openai_client(two.url + "/v1", "sk-client-key", timeout=20),
+        ]
         first = create(replicas[0])
         owner = text_of(first).split()[0]
         previous = first.id

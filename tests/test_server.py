@@ -16,8 +16,7 @@ import pytest
 
 from gateway.server import STARTUP_FAILURE, Awaiting, Http1Protocol, exposure_warning
 from tests.gateway_process import chat_request, read_answer
-from tests.support import GatewayServer, gateway_cli, gateway_config
-from tests.transports.test_h1_impl import until
+from tests.support import GatewayServer, gateway_cli, gateway_config, until
 
 MOCK = """
 [[backends]]

@@ -1,4 +1,4 @@
-"""Nothing unbilled (issue 31, docs/spec.md §20): a priced chat stream asks its upstream for
+"""Nothing unbilled (docs/spec.md §20): a priced chat stream asks its upstream for
 usage when the client did not, the usage chunk stays out of what that client receives, and a
 stream the client cut before its usage arrived is charged from what was relayed.
 
@@ -13,7 +13,6 @@ import asyncio
 import threading
 from collections.abc import Iterator
 
-import anthropic
 import orjson
 import pytest
 
@@ -32,6 +31,7 @@ from tests.support import (
     GatewayServer,
     ScriptedUpstream,
     SeenRequest,
+    anthropic_client,
     chat_chunk,
     chunk,
     gateway_config,
@@ -300,7 +300,7 @@ def test_a_cut_messages_stream_is_charged_its_reported_input_and_the_relayed_out
     upstream = ScriptedUpstream(held.handle).start()
     gw = GatewayServer(gateway_config(routes(upstream.url))).start()
     try:
-        client = anthropic.Anthropic(base_url=gw.url, api_key="sk-none", max_retries=0)
+        client = anthropic_client(gw.url, "sk-none")
         stream = client.messages.create(
             model="claude-x", max_tokens=1000, messages=MSG, stream=True
         )

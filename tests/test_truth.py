@@ -1,4 +1,4 @@
-"""The Timeline's points sit at the sockets (SPEC §6, issue 15): what the gateway reports is
+"""The Timeline's points sit at the sockets (docs/spec.md §6): what the gateway reports is
 what a client sees, split honestly between the upstream's time and the gateway's.
 
 Real sockets throughout: the gateway runs on ``gateway.server``'s own server (the

@@ -1,4 +1,4 @@
-"""``gateway probe``: one GET timed the way ``curl -w`` times it (docs/spec.md §3, issue 14).
+"""``gateway probe``: one GET timed the way ``curl -w`` times it (docs/spec.md §3).
 
 The work happens on a socket of our own so that every mark sits where curl puts it:
 
@@ -11,13 +11,13 @@ The work happens on a socket of our own so that every mark sits where curl puts 
 - ``total``: the body has been read to its end (``time_total``).
 
 Every mark is cumulative from the start, like curl's. An HTTP client library would move them:
-its construction, its pool and its own DNS lookup fall between them (issue 14 measured 136 ms of
-"connect" on loopback that way, where curl says 0.5 ms).
+its construction, its pool and its own DNS lookup fall between them (136 ms of "connect" on
+loopback that way, where curl says 0.5 ms).
 
 HTTP/1.1 responses are parsed by httptools (the parser the gateway serves with); when ALPN
 selects ``h2`` the exchange is spoken with the ``h2`` state machine (httpx2's ``http2`` extra).
 
->>> Target.parse("http://localhost:8080/healthz").authority
+>>> ProbeTarget.parse("http://localhost:8080/healthz").authority
 'localhost:8080'
 """
 
@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["MARKS", "ProbeError", "ProbeResult", "Target", "make_ssl_context", "probe"]
+__all__ = ["MARKS", "ProbeError", "ProbeResult", "ProbeTarget", "make_ssl_context", "probe"]
 
 #: the marks, in the order they happen (curl: namelookup, connect, appconnect, starttransfer, total)
 MARKS = ("dns", "connect", "tls", "ttfb", "total")
@@ -52,7 +52,7 @@ class ProbeError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class ProbeTarget:
     scheme: str
     host: str
     port: int
@@ -62,7 +62,7 @@ class Target:
     authority: str
 
     @classmethod
-    def parse(cls, url: str) -> Target:
+    def parse(cls, url: str) -> ProbeTarget:
         """An http(s) URL; ``ValueError`` with a readable message otherwise."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -168,7 +168,7 @@ def probe(
     that is not http(s).
     """
     # ---- set-up: all of it before the clock, as curl does
-    target = Target.parse(url)
+    target = ProbeTarget.parse(url)
     use_h2 = http2 and target.scheme == "https" and _h2_available()
     ctx = (
         make_ssl_context(cacert, ["h2", "http/1.1"] if use_h2 else ["http/1.1"])
@@ -179,7 +179,7 @@ def probe(
     h1_request = _h1_request(target, extra)
     h2_exchange = _H2Exchange(target, extra) if use_h2 else None
     host = _encoded_host(target)
-    clock = _Clock(timeout)
+    clock = _ProbeClock(timeout)
     ip, port, sock = _dns_and_connect(host, target, clock)
     try:
         # ---- tls
@@ -212,7 +212,7 @@ def probe(
     )
 
 
-def _encoded_host(target: Target) -> bytes:
+def _encoded_host(target: ProbeTarget) -> bytes:
     # getaddrinfo() of a str host first imports the idna codec (~3 ms on a cold process): that
     # is set-up too, so the host is encoded before the clock and the lookup is only the lookup
     try:
@@ -221,7 +221,7 @@ def _encoded_host(target: Target) -> bytes:
         raise ValueError(f"not a valid host name: {target.host!r}") from None
 
 
-class _Clock:
+class _ProbeClock:
     """The probe's clock: started after all set-up, cumulative marks, one deadline."""
 
     def __init__(self, timeout: float) -> None:
@@ -240,7 +240,9 @@ class _Clock:
         return left
 
 
-def _dns_and_connect(host: bytes, target: Target, clock: _Clock) -> tuple[str, int, socket.socket]:
+def _dns_and_connect(
+    host: bytes, target: ProbeTarget, clock: _ProbeClock
+) -> tuple[str, int, socket.socket]:
     """DNS once, and a TCP connect to the address it gave (the one curl would use)."""
     try:
         infos = socket.getaddrinfo(
@@ -269,7 +271,7 @@ def _dns_and_connect(host: bytes, target: Target, clock: _Clock) -> tuple[str, i
     return ip, port, sock
 
 
-def _tls(sock: socket.socket, ctx: ssl.SSLContext, host: str, clock: _Clock) -> ssl.SSLSocket:
+def _tls(sock: socket.socket, ctx: ssl.SSLContext, host: str, clock: _ProbeClock) -> ssl.SSLSocket:
     sock.settimeout(clock.remaining("tls"))
     try:
         tls = ctx.wrap_socket(sock, server_hostname=host)
@@ -325,7 +327,7 @@ class _Io:
 # ---------------------------------------------------------------- HTTP/1.1
 
 
-def _h1_request(target: Target, extra: Sequence[tuple[str, str]]) -> bytes:
+def _h1_request(target: ProbeTarget, extra: Sequence[tuple[str, str]]) -> bytes:
     lines = [
         f"GET {target.path} HTTP/1.1",
         f"Host: {target.authority}",
@@ -397,7 +399,7 @@ def _framed(headers: list[tuple[str, str]]) -> bool:
 class _H2Exchange:
     """One GET over HTTP/2; the state machine and its first bytes are made before the clock."""
 
-    def __init__(self, target: Target, extra: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, target: ProbeTarget, extra: Sequence[tuple[str, str]]) -> None:
         import h2.config
         import h2.connection
 

@@ -45,7 +45,7 @@ from gateway.config import BackendConfig
 from gateway.errors import GatewayError
 from gateway.mock.capacity import in_process
 from gateway.routes import Backend
-from gateway.transports.h1_impl import H1Transport
+from gateway.transports.http1_client import Http1ClientTransport
 
 log = logging.getLogger("gateway")
 
@@ -186,11 +186,11 @@ class Scraper:
         self._max_kv = cfg.max_kv_cache
         self._publish = publish
         self._clock = clock
-        self._transport: H1Transport | None = None
+        self._transport: Http1ClientTransport | None = None
         self._url = cfg.metrics_url
         if self._url is not None:
             # one keep-alive connection; the scrape's whole timeout is the period
-            self._transport = H1Transport(
+            self._transport = Http1ClientTransport(
                 BackendConfig(
                     name=f"{cfg.name} metrics",
                     url=self._url,

@@ -118,6 +118,34 @@ class Api:
     end_marker = "data: [DONE]"
 
 
+def validate_messages(payload: dict[str, Any], *, content_required: bool) -> None:
+    """``messages`` (docs/spec.md §5), for chat completions and Anthropic's Messages alike: a
+    non-empty array of objects, each with a string ``role``; with ``content_required``, each
+    ``content`` a string or an array of content blocks (Anthropic requires it; an OpenAI
+    assistant turn that calls tools may have none).
+
+    >>> validate_messages({"messages": [{"role": "user"}]}, content_required=False)
+    >>> validate_messages({"messages": [{"role": "user"}]}, content_required=True)
+    Traceback (most recent call last):
+    ...
+    gateway.errors.InvalidRequest: 'messages[0].content' must be a string or an array of ...
+    """
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array", code="invalid_messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(
+                f"'messages[{i}]' must be an object with a string 'role'",
+                code="invalid_messages",
+            )
+        if content_required and not isinstance(m.get("content"), str | list):
+            raise InvalidRequest(
+                f"'messages[{i}].content' must be a string or an array of content blocks",
+                code="invalid_messages",
+            )
+
+
 def cap_tokens(
     payload: dict[str, Any], cap: int, fields: tuple[str, ...], notes: dict[str, Any]
 ) -> None:

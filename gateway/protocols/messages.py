@@ -26,7 +26,13 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest, UpstreamStreamError
-from gateway.protocols.base import Api, carries_cache_control, event_type, window_items
+from gateway.protocols.base import (
+    Api,
+    carries_cache_control,
+    event_type,
+    validate_messages,
+    window_items,
+)
 
 _END = b"event: message_stop"
 _INT_FIELDS = ("top_k",)
@@ -42,20 +48,7 @@ class Messages(Api):
 
     def validate(self, payload: dict[str, Any]) -> None:
         super().validate(payload)
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest("'messages' must be a non-empty array", code="invalid_messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise InvalidRequest(
-                    f"'messages[{i}]' must be an object with a string 'role'",
-                    code="invalid_messages",
-                )
-            if not isinstance(m.get("content"), str | list):
-                raise InvalidRequest(
-                    f"'messages[{i}].content' must be a string or an array of content blocks",
-                    code="invalid_messages",
-                )
+        validate_messages(payload, content_required=True)
         system = payload.get("system")
         if system is not None and not isinstance(system, str | list):
             raise InvalidRequest("'system' must be a string or an array", code="invalid_type")

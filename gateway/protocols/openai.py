@@ -9,7 +9,7 @@ import orjson
 from gateway.config import RouteConfig
 from gateway.context import Answer
 from gateway.errors import InvalidRequest
-from gateway.protocols.base import Api, carries_cache_control, detail
+from gateway.protocols.base import Api, carries_cache_control, detail, validate_messages
 
 #: JSON answers bigger than this are embeddings: only their trailing usage object is parsed
 _SMALL_BODY = 64 * 1024
@@ -130,15 +130,7 @@ class ChatCompletions(_OpenAIApi):
 
     def validate(self, payload: dict[str, Any]) -> None:
         super().validate(payload)
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest("'messages' must be a non-empty array", code="invalid_messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise InvalidRequest(
-                    f"'messages[{i}]' must be an object with a string 'role'",
-                    code="invalid_messages",
-                )
+        validate_messages(payload, content_required=False)
 
     def apply_policies(
         self, payload: dict[str, Any], cfg: RouteConfig, tokens_field: str | None = None

@@ -92,8 +92,8 @@ class AccessLog:
 
     While that logger has only the stdout handler this class gave it (no filter, nothing else
     attached: the default), a line is written to the handler's stream directly -- the same
-    bytes a ``logger.info`` would write, without a LogRecord, the caller lookup and the locks
-    (issue 32). Anything attached to the logger (a test's handler, a filter) turns that off."""
+    bytes a ``logger.info`` would write, without a LogRecord, the caller lookup and the locks.
+    Anything attached to the logger (a test's handler, a filter) turns that off."""
 
     def __init__(self, cfg: LoggingConfig) -> None:
         self.mode = cfg.access_log

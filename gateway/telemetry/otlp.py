@@ -131,7 +131,7 @@ def _int_prefixes(k: str) -> tuple[bytes, ...]:
 
 def int_attr(k: str, v: int) -> bytes:
     """A high-cardinality int attribute (byte counts, tokens): not memoised — a memo of values
-    that rarely repeat only churns (issue 32); its framing is fixed per key and value length."""
+    that rarely repeat only churns; its framing is fixed per key and value length."""
     av = b"\x18" + (_SMALL[v] if 0 <= v < 16384 else _varint_uncached(v & 0xFFFFFFFFFFFFFFFF))
     prefixes = _INT_PREFIX.get(k)
     if prefixes is None:
@@ -283,7 +283,7 @@ def span(
 
 def frame_spans(spans: Iterable[bytes]) -> bytes:
     """Spans as ``ScopeSpans.spans`` entries (field 2, length-delimited), one block: what the
-    export queue holds per request, so framing a batch is one join of blocks (issue 32)."""
+    export queue holds per request, so framing a batch is one join of blocks."""
     parts: list[bytes] = []
     add = parts.append
     for s in spans:

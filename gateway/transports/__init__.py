@@ -22,6 +22,6 @@ def for_backend(backend: BackendConfig) -> Transport:
         from gateway.transports.aiohttp_impl import AiohttpTransport
 
         return AiohttpTransport(backend)
-    from gateway.transports.h1_impl import H1Transport
+    from gateway.transports.http1_client import Http1ClientTransport
 
-    return H1Transport(backend)
+    return Http1ClientTransport(backend)

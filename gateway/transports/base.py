@@ -10,7 +10,7 @@ Socket times (docs/spec.md §6): every response has ``started_at`` (connecting b
 connection = ``sent_at``), ``sent_at`` (the request's last byte handed to the socket),
 ``first_byte_at`` (the answer's first byte read) and ``done_at`` (its last byte read), as
 ``time.perf_counter()`` values, or None where the client library does not tell (aiohttp, httpx2,
-the mock). The lean HTTP/1.1 client (``h1_impl``) keeps them; the relays
+the mock). The gateway's own HTTP/1.1 client (``http1_client``) keeps them; the relays
 (:func:`gateway.streaming.bodies.upstream_answered`) then book exactly that window as the
 upstream's time. Without them an attempt is timed around the call by the upstream hop.
 """

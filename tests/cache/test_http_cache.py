@@ -17,12 +17,14 @@ from tests.support import (
     LAST_CHUNK,
     GatewayServer,
     Process,
+    async_openai_client,
     chat_chunk,
     chunk,
     config_for,
     free_port,
     gateway_cli,
     http_response,
+    openai_client,
     sse_head,
 )
 
@@ -66,12 +68,6 @@ breaker_failures = 2
 breaker_reset_s = 0.5
 {extra}
 """
-
-
-@pytest.fixture
-def redis():
-    with RedisServer() as server:
-        yield server
 
 
 def redis_keys(server: RedisServer) -> list[bytes]:
@@ -133,7 +129,7 @@ def test_deterministic_versus_all(gateway, upstream, mode, body, cacheable):
 def test_embeddings_are_cached_in_deterministic_mode(gateway, upstream):
     up = upstream(mock_handler())
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     a = client.embeddings.create(model="e", input="hello")
     b = client.embeddings.with_raw_response.create(model="e", input="hello")
     assert b.headers["x-gateway-cache"] == "HIT"
@@ -203,7 +199,7 @@ def collect_stream(client, **kw):
 def test_one_entry_serves_json_and_stream(gateway, upstream, fill):
     up = upstream(mock_handler())
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     args = {"model": "mock-gpt-4o", "messages": MSG, "temperature": 0, "max_tokens": 9}
     if fill == "json":
         full = client.chat.completions.create(**args)
@@ -234,7 +230,7 @@ def test_one_entry_serves_json_and_stream(gateway, upstream, fill):
 def test_completions_cached_both_ways(gateway, upstream):
     up = upstream(mock_handler())
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     chunks = list(
         client.completions.create(model="m", prompt="p", temperature=0, max_tokens=4, stream=True)
     )
@@ -247,7 +243,7 @@ def test_completions_cached_both_ways(gateway, upstream):
 def test_cached_stream_replays_without_delays(gateway, upstream):
     up = upstream(mock_handler(pace_s=0.05))
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     args = {"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 10}
     t0 = time.monotonic()
     collect_stream(client, **args)
@@ -303,7 +299,7 @@ def test_cut_stream_and_errors_are_not_cached(gateway, upstream):
 
     up = upstream(cut_then_ok)
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     args = {"model": "m", "messages": MSG, "temperature": 0}
     with pytest.raises(openai.APIError):
         collect_stream(client, **args)
@@ -318,7 +314,7 @@ def test_cut_stream_and_errors_are_not_cached(gateway, upstream):
 def test_entries_over_max_entry_bytes_are_not_stored(gateway, upstream):
     up = upstream(mock_handler())
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"\nmax_entry_bytes = 2000'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     client.embeddings.create(model="e", input="x")  # ~30 KB
     client.embeddings.create(model="e", input="x")
     small = {"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 3}
@@ -357,7 +353,7 @@ def test_single_flight_streams_tail_the_leader_live(gateway, upstream):
     gw = gateway(cached(up.url, '[cache]\nbackend = "memory"'))
 
     async def main() -> list[tuple[str, list[float]]]:
-        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+        client = async_openai_client(gw.base_url)
         async with client:
 
             async def one(delay: float) -> tuple[str, list[float]]:

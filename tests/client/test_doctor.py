@@ -1,9 +1,8 @@
-"""``gateway doctor`` (gateway/client/doctor.py, docs/spec.md §17) against real servers on
+"""``gateway doctor`` (gateway/client/doctor/, docs/spec.md §17) against real servers on
 loopback."""
 
 from __future__ import annotations
 
-import openai
 import orjson
 import pytest
 
@@ -23,7 +22,7 @@ from tests.client.doctor_support import (
     openai_upstream,
     run_cli,
 )
-from tests.support import Process, config_for, free_port, gateway_cli
+from tests.support import Process, config_for, free_port, gateway_cli, openai_client
 
 CHECKS = ["dns", "connect", "tls", "ttfb", "http2", "encoding", "streaming", "proxy", "cache"]
 KEYS = {"name", "value", "unit", "threshold", "verdict", "hint", "detail"}
@@ -43,7 +42,7 @@ def test_gateway_in_front_of_a_paced_upstream_passes_every_check(gateway, paced_
     out, report = doctor_json(gw.base_url)
     assert out.returncode == 0, out.stdout
     assert report["target"] == gw.base_url
-    with openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0) as sdk:
+    with openai_client(gw.base_url, "unused") as sdk:
         listed = [m.id for m in sdk.models.list()]
     assert report["model"] == next(m for m in listed if "embed" not in m)  # the first chat model
     assert [c["name"] for c in report["checks"]] == CHECKS

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.client.probe import ProbeError, Target, probe
+from gateway.client.probe import ProbeError, ProbeTarget, probe
 from tests.client.doctor_support import TlsMockServer, curl_marks_ms, median_of, run_cli
 from tests.support import SeenRequest, free_port, http_response
 
@@ -161,9 +161,9 @@ def test_connection_refused_names_the_address():
 
 
 def test_target_parsing():
-    t = Target.parse("https://[::1]:8443/v1/models?a=b")
+    t = ProbeTarget.parse("https://[::1]:8443/v1/models?a=b")
     assert (t.host, t.port, t.path, t.authority) == ("::1", 8443, "/v1/models?a=b", "[::1]:8443")
-    t = Target.parse("https://example.test")
+    t = ProbeTarget.parse("https://example.test")
     assert (t.port, t.path, t.authority) == (443, "/", "example.test")
     with pytest.raises(ValueError, match="not an http"):
-        Target.parse("ftp://example.test/")
+        ProbeTarget.parse("ftp://example.test/")

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-import openai
 import pytest
 
 import gateway as gateway_pkg
 from gateway.config import load_config
+from tests.support import openai_client
 
 #: USD per 1M tokens, so that each response has a cost
 PRICES = """
@@ -88,7 +88,7 @@ def test_an_open_session_is_listed_and_its_record_carries_the_session(gateway):
     gw = gateway(embedded_default(PRICES))
     assert api(gw, "api/realtime")["open"] == []
     request_id = f"lv-rt-{uuid.uuid4().hex[:8]}"
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client = openai_client(gw.base_url, "sk-x")
     received = 0
     with client.realtime.connect(
         model="gpt-4o", extra_headers={"x-request-id": request_id}, max_retries=0
@@ -133,7 +133,7 @@ def test_an_open_session_is_listed_and_its_record_carries_the_session(gateway):
 
 def test_sessions_open_at_once_are_listed_newest_first(gateway):
     gw = gateway(embedded_default())
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client = openai_client(gw.base_url, "sk-x")
     ids = [f"lv-rt-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
     managers = [
         client.realtime.connect(model="gpt-4o", extra_headers={"x-request-id": i}, max_retries=0)
@@ -164,7 +164,7 @@ def test_two_open_sessions_with_one_request_id_are_both_listed(gateway):
     """Clients choose x-request-id: two sessions sharing one are two sessions, and the end of
     one does not hide the other."""
     gw = gateway(embedded_default())
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client = openai_client(gw.base_url, "sk-x")
     shared = f"lv-rt-same-{uuid.uuid4().hex[:6]}"
     first = client.realtime.connect(
         model="gpt-4o", extra_headers={"x-request-id": shared}, max_retries=0

@@ -27,7 +27,14 @@ from gateway.telemetry.logs import ACCESS_LOGGER
 from tests.faults import FaultyUpstream
 from tests.live.test_realtime import turn
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
-from tests.support import GatewayServer, SeenRequest, free_port, gateway_config, http_response
+from tests.support import (
+    GatewayServer,
+    SeenRequest,
+    free_port,
+    gateway_config,
+    http_response,
+    openai_client,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it); never a download
@@ -166,7 +173,7 @@ def lv(mock_upstream) -> Iterator[Live]:
     with OTLPReceiver("http") as receiver:
         gw = GatewayServer(gateway_config(view_config(mock_upstream.url, receiver))).start()
         try:
-            client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+            client = openai_client(gw.base_url, "sk-x")
             lv = Live(gw, receiver, client)
             send_traffic(lv)
             yield lv
@@ -553,7 +560,7 @@ def test_backends_show_the_passive_health_readyz_reports(gateway, mock_upstream)
     gw = gateway(
         gateway_config(health_config(mock_upstream.url, f"http://127.0.0.1:{free_port()}"))
     )
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client = openai_client(gw.base_url, "sk-x")
     # refused by `dead` (ejected at once), answered by `up`
     client.chat.completions.create(model="mock-gpt-4o", messages=MSG)
     # a 5xx answer for one model: counts against that (backend, model) pair
@@ -596,7 +603,7 @@ def test_a_retried_request_shows_its_backoff(gateway, upstream):
             '[[routes]]\nmodels = ["*"]\nbackends = ["up"]\nretries = 1\n[ui]\nenabled = true\n'
         )
     )
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client = openai_client(gw.base_url, "sk-x")
     client.chat.completions.create(
         model="m", messages=MSG, extra_headers={"x-request-id": "retried"}
     )
@@ -677,7 +684,7 @@ def test_with_auth_on_the_view_refuses_callers_without_an_admin_key(keyed, caplo
     assert r.status_code in (400, 401)
     # the page itself carries no data: it loads, and asks for a key
     assert httpx2.get(view).status_code == 200
-    client = openai.OpenAI(base_url=keyed.base_url, api_key=APP_KEY, max_retries=0)
+    client = openai_client(keyed.base_url, APP_KEY)
     client.chat.completions.create(model="mock-gpt-4o", messages=MSG)
     logged = server_logs(caplog, access_log)
     assert ADMIN_KEY not in logged and APP_KEY not in logged
@@ -718,7 +725,7 @@ def server_logs(caplog: pytest.LogCaptureFixture, access_log: Collect) -> str:
 def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, caplog, access_log):
     caplog.set_level(logging.DEBUG)
     view = keyed.url + "/_gateway/"
-    client = openai.OpenAI(base_url=keyed.base_url, api_key=APP_KEY, max_retries=0)
+    client = openai_client(keyed.base_url, APP_KEY)
     client.chat.completions.create(model="mock-gpt-4o", messages=MSG)
     r = httpx2.get(view + "api/requests", headers=_bearer(ADMIN_KEY))
     assert r.status_code == 200
@@ -741,7 +748,7 @@ def test_an_admin_key_opens_the_view_by_header_or_by_the_pages_cookie(keyed, cap
             assert resp.status_code == 200
     with chromium() as (page, errors):
         # the refused key's answer is held until the admin key is typed: on a loaded machine
-        # it can come that late (issue 32: the rows never came, the wait ran out after 30 s)
+        # it can come that late (a 30 s wait has run out before the rows came)
         held: list[Route] = []
         page.route("**/api/session", lambda route: held.append(route))
         page.goto(view)

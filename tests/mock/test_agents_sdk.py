@@ -1,5 +1,5 @@
 """An OpenAI Agents SDK agent with one local function tool, through the gateway on the embedded
-default (issue 22): the agent loop really calls the tool, and the final output says its result.
+default: the agent loop really calls the tool, and the final output says its result.
 
 Both model classes the SDK ships for OpenAI-compatible servers (chat/completions and the
 Responses API), each run to completion and streamed, plus a structured ``output_type``. Tracing
@@ -21,10 +21,9 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from tests.support import GatewayServer
+from tests.support import GatewayServer, async_openai_client
 
 QUESTION = "What is the weather in Paris?"
 
@@ -52,7 +51,7 @@ def run_agent(
     calls: list[str] = []
 
     async def main() -> tuple[Any, list[Any]]:
-        client = AsyncOpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+        client = async_openai_client(gateway.base_url, "x")
         model: Model = (
             OpenAIChatCompletionsModel(model="gpt-4o", openai_client=client)
             if api == "chat"

@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-import openai
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.hops.fleet import read_metrics
 from gateway.mock.capacity import BLOCKS_PER_REQUEST, Capacity, in_process
 from gateway.mock.engine import MockSettings, reply
-from tests.support import Process, free_port, gateway_cli
+from tests.support import Process, free_port, gateway_cli, openai_client
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -112,7 +111,7 @@ def test_it_states_its_kv_cache_size_as_vllm_does(model_server):
 
 
 def test_a_queued_request_is_answered_once_a_slot_frees(model_server):
-    client = openai.OpenAI(base_url=model_server.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(model_server.url + "/v1", "x")
 
     async def run() -> str:
         writers = [await hold(model_server.port, CHAT, 60_000) for _ in range(2)]
@@ -143,7 +142,7 @@ def test_a_queued_request_is_answered_once_a_slot_frees(model_server):
 
 
 def test_the_sdk_through_a_queue_gets_whole_answers(model_server):
-    client = openai.OpenAI(base_url=model_server.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(model_server.url + "/v1", "x")
     with_pace = client.with_options(default_headers={"x-mock-latency-ms": "20"})
 
     async def many() -> list[str]:

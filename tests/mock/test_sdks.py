@@ -17,19 +17,19 @@ import orjson
 import pytest
 
 from gateway.mock.engine import DEFAULT_COMPLETION_TOKENS
-from tests.support import Process, free_port, gateway_cli
+from tests.support import Process, anthropic_client, free_port, gateway_cli, openai_client
 
 MESSAGES = [{"role": "user", "content": "Tell me about gateways"}]
 
 
 @pytest.fixture
 def oai(mock_upstream: Process) -> openai.OpenAI:
-    return openai.OpenAI(base_url=mock_upstream.url + "/v1", api_key="x", max_retries=0)
+    return openai_client(mock_upstream.url + "/v1", "x")
 
 
 @pytest.fixture
 def claude(mock_upstream: Process) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=mock_upstream.url, api_key="x", max_retries=0)
+    return anthropic_client(mock_upstream.url, "x")
 
 
 def raw_sse(url: str, body: dict[str, Any]) -> tuple[str, bytes]:
@@ -288,7 +288,7 @@ def _spread_ok(start: float, stamps: list[float]) -> None:
 
 
 def test_responses_stream_is_paced_by_the_knobs(paced_upstream):
-    client = openai.OpenAI(base_url=paced_upstream.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(paced_upstream.url + "/v1", "x")
     start = time.monotonic()
     stamps = [
         time.monotonic()
@@ -304,7 +304,7 @@ def test_responses_stream_is_paced_by_the_knobs(paced_upstream):
 
 
 def test_messages_stream_is_paced_by_the_knobs(paced_upstream):
-    client = anthropic.Anthropic(base_url=paced_upstream.url, api_key="x", max_retries=0)
+    client = anthropic_client(paced_upstream.url, "x")
     start = time.monotonic()
     with client.messages.stream(model="m", max_tokens=TOKENS, messages=MESSAGES) as stream:
         stamps = [time.monotonic() for _ in stream.text_stream]
@@ -312,7 +312,7 @@ def test_messages_stream_is_paced_by_the_knobs(paced_upstream):
 
 
 def test_json_answers_wait_for_what_the_stream_would_take(paced_upstream):
-    client = anthropic.Anthropic(base_url=paced_upstream.url, api_key="x", max_retries=0)
+    client = anthropic_client(paced_upstream.url, "x")
     start = time.monotonic()
     msg = client.messages.create(model="m", max_tokens=TOKENS, messages=MESSAGES)
     elapsed = time.monotonic() - start

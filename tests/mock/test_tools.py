@@ -1,4 +1,4 @@
-"""The mock's tool calls and structured outputs (issue 21 item 6), per API, in process.
+"""The mock's tool calls and structured outputs, per API, in process.
 
 Every answer and stream event is validated with the pydantic models of the official ``openai``
 and ``anthropic`` SDKs; tool arguments and JSON answers with the pydantic model whose schema the

@@ -1,5 +1,5 @@
 """Tool calls and structured outputs on the embedded default, through the gateway, driven by
-the official SDKs as agent frameworks drive them (issue 21 item 6).
+the official SDKs as agent frameworks drive them.
 
 The openai SDK's ``parse`` helpers get parsed objects, its tool loops run (chat/completions and
 Responses, JSON and streamed), the anthropic SDK gets ``tool_use`` and answers ``tool_result``;
@@ -16,7 +16,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.support import GatewayServer
+from tests.support import GatewayServer, anthropic_client, openai_client
 
 QUESTION = "What is the weather in Paris?"
 
@@ -42,12 +42,12 @@ def get_weather(city: str, unit: str) -> str:
 
 @pytest.fixture
 def oai(embedded: GatewayServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=embedded.base_url, api_key="x", max_retries=0)
+    return openai_client(embedded.base_url, "x")
 
 
 @pytest.fixture
 def claude(embedded: GatewayServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=embedded.url, api_key="x", max_retries=0)
+    return anthropic_client(embedded.url, "x")
 
 
 def test_models_list_names_the_models_of_the_readme(oai):

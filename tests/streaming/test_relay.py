@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import time
 
-import openai
-
-from tests.support import WORDS, config_for, paced_upstream
+from tests.support import WORDS, config_for, openai_client, paced_upstream
 
 
 def test_each_event_arrives_before_the_upstream_sends_the_next(gateway, upstream):
     sent_at: list[float] = []
     up = upstream(paced_upstream(sent_at))
     gw = gateway(config_for(up.url))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     received_at: list[float] = []
     text = []
     stream = client.chat.completions.create(

@@ -23,7 +23,15 @@ import openai
 import orjson
 import pytest
 
-from tests.support import LAST_CHUNK, SeenRequest, chat_chunk, chunk, config_for, sse_head
+from tests.support import (
+    LAST_CHUNK,
+    SeenRequest,
+    chat_chunk,
+    chunk,
+    config_for,
+    openai_client,
+    sse_head,
+)
 
 NO_CACHE = '[cache]\nbackend = "off"'
 IDLE = "stream_idle_timeout_s = 0.5"
@@ -178,7 +186,7 @@ def assert_openai_error(resp: httpx2.Response, status: int, type_: str) -> dict[
 
 
 def sdk(gw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0, timeout=20)
+    return openai_client(gw.base_url, timeout=20)
 
 
 # ---------------------------------------------------------------- cut after events: SSE error

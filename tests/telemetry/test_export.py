@@ -730,7 +730,7 @@ def test_settings_dataclass_defaults_are_the_configs():
 
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300_000, 2**40, -1])
 def test_int_attr_is_attrs_wire_format_without_the_memo(value):
-    """Token and byte counts are encoded per request (issue 32), exactly as :func:`otlp.attr`."""
+    """Token and byte counts are encoded per request, unmemoised, exactly as :func:`otlp.attr`."""
     assert otlp.int_attr("gen_ai.usage.input_tokens", value) == otlp.attr(
         "gen_ai.usage.input_tokens", value
     )

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.telemetry.logs import ACCESS_LOGGER
-from tests.support import gateway_config
+from tests.support import gateway_config, openai_client
 
 PROMPT_MARKER = "prompt-marker-7f3a"
 CLIENT_KEY = "sk-client-key-must-not-be-logged"
@@ -81,7 +81,7 @@ endpoint = "http://127.0.0.1:9"
 
 
 def calls(base_url: str) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key=CLIENT_KEY, max_retries=0)
+    client = openai_client(base_url, CLIENT_KEY)
     msg = [{"role": "user", "content": PROMPT_MARKER}]
     client.chat.completions.create(model="mock-gpt-4o", messages=msg)  # fast 200
     list(client.chat.completions.create(model="mock-gpt-4o", messages=msg, stream=True))

@@ -1,4 +1,4 @@
-"""The event loop's lag (issue 31, docs/spec.md §7, §11; docs/architecture.md, "The Timeline").
+"""The event loop's lag (docs/spec.md §7, §11; docs/architecture.md, "The Timeline").
 
 A synchronous callback holds the gateway's event loop while an upstream answer waits in its
 socket; the lag shows on the request's root span (a real OTLP receiver decodes it) and in

@@ -15,7 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import Config
 from gateway.telemetry.metrics import DURATION_BUCKETS, FINE_BUCKETS
-from tests.support import GatewayServer, Process, free_port, gateway_cli, gateway_config
+from tests.support import (
+    GatewayServer,
+    Process,
+    free_port,
+    gateway_cli,
+    gateway_config,
+    openai_client,
+)
 
 MSG = [{"role": "user", "content": "count me"}]
 
@@ -73,7 +80,7 @@ def label_sets(got: dict, name: str) -> Iterator[dict[str, str]]:
 @pytest.fixture
 def traffic(gateway, mock_upstream) -> tuple[GatewayServer, dict[str, Any]]:
     gw = gateway(config(mock_upstream.url))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-metrics", max_retries=0)
+    client = openai_client(gw.base_url, "sk-metrics")
     facts: dict[str, Any] = {}
     # JSON, twice: the second is a cache hit (temperature 0 is deterministic)
     for _ in range(2):

@@ -33,12 +33,6 @@ schedule_delay_ms = 50
 """
 
 
-@pytest.fixture
-def receiver():
-    with OTLPReceiver("http") as r:
-        yield r
-
-
 def post_chat(base_url: str, headers: dict[str, str] | None = None) -> httpx2.Response:
     with httpx2.Client(timeout=10, trust_env=False) as client:
         return client.post(f"{base_url}/chat/completions", json=CHAT, headers=headers or {})

@@ -24,6 +24,7 @@ from tests.support import (
     chunk,
     config_for,
     http_response,
+    openai_client,
     sse_head,
 )
 
@@ -67,12 +68,6 @@ header = "x-request-start"
     )
 
 
-@pytest.fixture
-def receiver():
-    with OTLPReceiver("http") as r:
-        yield r
-
-
 def one_trace(receiver: OTLPReceiver, root_name: str, count: int) -> list[ReceivedSpan]:
     spans = receiver.wait_for(
         lambda ss: (
@@ -90,7 +85,7 @@ def by_name(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
 
 def test_span_tree_with_edge_hops(gateway, mock_upstream, receiver):
     gw = gateway(traced(mock_upstream.url + "/v1", receiver))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0)
+    client = openai_client(gw.base_url, "sk-x")
     # warm the SDK up (its first call builds its types), so the timed request is quick to send
     client.chat.completions.with_raw_response.create(model="warm-up", messages=MSG)
     receiver.wait_for(lambda ss: any(s.name == "chat warm-up" for s in ss))
@@ -338,7 +333,7 @@ def test_untrusted_incoming_traceparent_starts_a_new_trace(gateway, upstream, re
 
 def test_streamed_request_carries_ttft(gateway, mock_upstream, receiver):
     gw = gateway(traced(mock_upstream.url + "/v1", receiver))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     stream = client.chat.completions.create(
         model="mock-gpt-4o",
         messages=MSG,
@@ -367,7 +362,7 @@ def test_cut_stream_root_is_error(gateway, upstream, receiver):
         return True
 
     gw = gateway(traced(upstream(cut).url, receiver))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     with pytest.raises(openai.APIError) as info:
         for _ in client.chat.completions.create(model="m", messages=MSG, stream=True):
             pass
@@ -422,7 +417,7 @@ def test_prompt_and_completion_stay_off_spans_unless_configured(
         extra=f"capture_content = {'true' if capture else 'false'}",
     )
     gw = gateway(cfg)
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     answer = client.chat.completions.create(
         model="mock-gpt-4o", messages=[{"role": "user", "content": f"say {marker}"}]
     )
@@ -467,7 +462,7 @@ def test_collector_down_requests_succeed_and_failures_are_counted(gateway, mock_
     dead = OTLPReceiver("http")  # never started: its port is closed
     cfg = traced(mock_upstream.url + "/v1", dead, extra="export_timeout_s = 0.5")
     gw = gateway(cfg)
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     for _ in range(5):
         assert client.chat.completions.create(model="m", messages=MSG).choices
     tracing = gw.app.tracing

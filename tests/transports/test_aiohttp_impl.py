@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from tests.support import config_for, paced_upstream
+from tests.support import config_for, openai_client, paced_upstream
 
 
 def test_aiohttp_client_relays_json_and_streams(gateway, mock_upstream):
@@ -15,7 +15,7 @@ def test_aiohttp_client_relays_json_and_streams(gateway, mock_upstream):
     runtime = gw.app.runtime
     assert runtime is not None
     assert type(runtime.backends["up"].transport).__name__ == "AiohttpTransport"
-    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+    client = openai_client(gw.base_url, "x")
     msg = [{"role": "user", "content": "hi"}]
     answer = client.chat.completions.create(model="mock-gpt-4o", messages=msg)
     assert answer.choices[0].message.content
@@ -33,7 +33,7 @@ def test_aiohttp_client_streams_unbuffered(gateway, upstream):
     sent_at: list[float] = []
     up = upstream(paced_upstream(sent_at, gap=0.15))
     gw = gateway(config_for(up.url, backend_extra='http1_client = "aiohttp"'))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+    client = openai_client(gw.base_url, "x")
     stream = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "x"}], stream=True
     )
@@ -51,8 +51,7 @@ def test_aiohttp_pool_closes_idle_connections_after_idle_timeout(upstream):
 
     from gateway.config import BackendConfig
     from gateway.transports.aiohttp_impl import AiohttpTransport
-    from tests.support import answering
-    from tests.transports.test_h1_impl import until
+    from tests.support import answering, until
 
     up = upstream(answering(b"{}"))
 

@@ -9,13 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx2
-import openai
 import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
 from gateway.mock.server import create_mock_app
-from tests.support import config_for, free_port
+from tests.support import config_for, free_port, openai_client
 
 
 class H2Upstream:
@@ -82,7 +81,7 @@ def h2() -> Iterator[H2Upstream]:
 
 def test_chat_json_and_stream_over_http2(gateway, h2):
     gw = gateway(config_for(h2.url, backend_extra="http2 = true"))
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = openai_client(gw.base_url)
     msgs = [{"role": "user", "content": "over h2"}]
     answer = client.chat.completions.create(model="mock-gpt-4o", messages=msgs)
     chunks = list(

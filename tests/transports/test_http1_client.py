@@ -1,5 +1,6 @@
-"""The lean HTTP/1.1 client driven directly against scripted upstreams on real sockets:
-framing, keep-alive pooling, the pool bound, flow control, timeouts, socket timestamps."""
+"""The gateway's HTTP/1.1 client (gateway/transports/http1_client.py) driven directly against
+scripted upstreams on real sockets: framing, keep-alive pooling, the pool bound, flow control,
+timeouts, socket timestamps."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from gateway.config import BackendConfig
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.transports.h1_impl import H1Transport
+from gateway.transports.http1_client import Http1ClientTransport
 from tests.support import (
     LAST_CHUNK,
     ScriptedUpstream,
@@ -22,11 +23,12 @@ from tests.support import (
     free_port,
     http_response,
     sse_head,
+    until,
 )
 
 
-def transport(url: str, **cfg: Any) -> H1Transport:
-    return H1Transport(BackendConfig(name="b", url=url, **cfg))
+def transport(url: str, **cfg: Any) -> Http1ClientTransport:
+    return Http1ClientTransport(BackendConfig(name="b", url=url, **cfg))
 
 
 async def body_of(resp: Any) -> bytes:
@@ -274,15 +276,6 @@ def test_a_streamed_request_body_goes_chunked(scripted):
 # ---------------------------------------------------------------- the pool's sockets
 
 
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait (at most 5 s) for something the upstream sees, e.g. a connection's EOF."""
-    deadline = time.monotonic() + 5
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within 5 s: {what}")
-        await asyncio.sleep(0.01)
-
-
 def test_a_connection_released_after_the_pool_closed_is_closed_not_only_counted_out(scripted):
     up = scripted(answering(b'{"ok": true}'))
     t = transport(up.url)
@@ -362,16 +355,16 @@ def test_a_connection_the_upstream_closed_unannounced_is_not_reused_before_the_l
 def test_the_reuse_check_costs_a_syscall_only_within_the_turn_the_connection_went_idle(
     scripted, monkeypatch
 ):
-    from gateway.transports import h1_impl
+    from gateway.transports import http1_client_connection
 
     checks: list[int] = []
-    real = h1_impl._Connection.peer_closed
+    real = http1_client_connection.UpstreamConnection.peer_closed
 
     def counted(self: Any) -> bool:
         checks.append(1)
         return real(self)
 
-    monkeypatch.setattr(h1_impl._Connection, "peer_closed", counted)
+    monkeypatch.setattr(http1_client_connection.UpstreamConnection, "peer_closed", counted)
     up = scripted(answering(b"{}"))
     t = transport(up.url)
 
@@ -495,7 +488,7 @@ def test_a_kept_alive_connection_times_each_wait_from_its_own_start(scripted):
 class _WriteWakesTheUpstream:
     """A socket transport whose write takes a while, as when the write syscall wakes an
     upstream on the same host and the scheduler runs its whole handler before the writer
-    resumes (issue 32): the time of that write is the upstream's, not the gateway's."""
+    resumes: the time of that write is the upstream's, not the gateway's."""
 
     def __init__(self, inner: Any, takes_s: float) -> None:
         self._inner = inner
