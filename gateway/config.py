@@ -235,6 +235,9 @@ class AuthKeyConfig:
     mcp_servers: tuple[str, ...] = ()
     #: the tools it may call there, as globs over ``{server}__{tool}``
     mcp_tools: tuple[str, ...] = ("*",)
+    #: the paths the gateway does not model that this key may reach, globs over the whole
+    #: path (docs/spec.md §26); None: none, or every path for an admin key
+    passthrough: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,8 @@ class TenantConfig:
     #: narrow what its keys may use on MCP servers (docs/spec.md §23; None: as the key says)
     mcp_servers: tuple[str, ...] | None = None
     mcp_tools: tuple[str, ...] | None = None
+    #: narrow the paths its keys may reach unmodelled (docs/spec.md §26; None: as the key says)
+    passthrough: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -890,7 +895,15 @@ def _check_auth(a: AuthConfig, err: _Errors) -> None:
                 err(f"{p}.{name}", "must be >= 1")
         if k.budget_usd is not None and not k.budget_usd > 0:
             err(f"{p}.budget_usd", "must be > 0")
+        _check_passthrough(k.passthrough, f"{p}.passthrough", err)
     _check_tenants(a, err)
+
+
+def _check_passthrough(globs: tuple[str, ...] | None, p: str, err: _Errors) -> None:
+    """Path globs (docs/spec.md §26): each a whole path, so it starts with "/" (or is "*")."""
+    for glob in globs or ():
+        if not glob.startswith(("/", "*")):
+            err(p, f"each entry is a path glob starting with '/' (or '*'), got {glob!r}")
 
 
 def _check_tenants(a: AuthConfig, err: _Errors) -> None:
@@ -904,6 +917,7 @@ def _check_tenants(a: AuthConfig, err: _Errors) -> None:
         names.add(t.name)
         if t.budget_usd is not None and not t.budget_usd > 0:
             err(f"{p}.budget_usd", "must be > 0")
+        _check_passthrough(t.passthrough, f"{p}.passthrough", err)
 
 
 def _check_prices(prices: tuple[PriceConfig, ...], err: _Errors) -> None:

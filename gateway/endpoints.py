@@ -4,19 +4,28 @@ readiness."""
 from __future__ import annotations
 
 import asyncio
+import codecs
 import logging
 import time
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 import orjson
 
-from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.hops.edge import stream_body
+from gateway.context import RequestContext
+from gateway.errors import Forbidden, GatewayError, InvalidRequest, NotFound, UpstreamError
+from gateway.headers import header_value
+from gateway.hops.auth import KeyEntry
+from gateway.hops.edge import read_body, stream_body
+from gateway.hops.held import hold, listing, send_held
 from gateway.hops.ownership import response_path_id
+from gateway.hops.passthrough import passthrough_for
+from gateway.hops.references import Named, find, id_shaped, rule_for, segments
 from gateway.routes import Backend
 from gateway.runtime import Endpoint, Runtime
-from gateway.streaming.bodies import relay_raw
+from gateway.streaming.bodies import relay_raw, upstream_finished
 from gateway.types import Receive, Scope, Send
+from gateway.writer import ResponseWriter
 
 log = logging.getLogger("gateway")
 
@@ -26,21 +35,32 @@ _GLOB_CHARS = frozenset("*?[")
 
 
 async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-    """Other ``/v1/*`` paths: to the first route's backend, unchanged and streamed.
+    """Other ``/v1/*`` paths: to the first route's backend, streamed.
 
-    A stateful Responses path (``/v1/responses/{id}``, ``…/cancel``, ``…/input_items``) goes to
-    the backend that made that response, pinned (docs/spec.md §22); an unknown id, to the first
-    route's backend like any other path."""
+    A stored response's path (``/v1/responses/{id}``, ``…/cancel``, ``…/input_items``) goes to
+    the backend that made that response, pinned (docs/spec.md §22). With auth off any other path
+    goes unchanged, an unknown response id like any other path. With auth on the gateway fails
+    closed (docs/spec.md §26): a response id it cannot place for the caller's tenant is a 404,
+    and any other path needs the key's ``passthrough`` grant (:func:`_unmodelled`)."""
     async with rt.request(scope, send) as req:
         ctx = req.ctx
-        backend = rt.router.routes[0].backends[0]
         # with auth on, passthrough needs a key like a model call; nothing meters it, so a key
         # with a budget may use it only if it is an admin key (docs/spec.md §20)
         await rt.auth.check(ctx, passthrough=True)
         response_id = response_path_id(ctx.path)
+        if response_id in _RESPONSE_CALLS:  # /v1/responses/input_tokens: a call, not an id
+            response_id = None
         owner = None
         if response_id is not None:  # another tenant's response: 404 (docs/spec.md §24)
-            owner = await rt.ownership.owner(response_id, ctx.tenant)
+            owner = await rt.ownership.required(response_id, ctx.tenant)
+        if ctx.tenant is not None and response_id is not None:
+            rest = ctx.path[len(_RESPONSES) + len(response_id) :].strip("/")
+            if owner is None or rest not in _RESPONSE_RESTS:
+                raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
+            await _not_foreign(rt, ctx)
+        elif ctx.tenant is not None and not _model_read(ctx):
+            await _unmodelled(rt, ctx, receive, req.out)
+            return
         # unchanged means unchanged: the body keeps its coding, the client picks the answer's
         for name, value in (
             ("content-encoding", ctx.content_encoding),
@@ -50,12 +70,118 @@ async def passthrough(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
                 ctx.upstream_headers.append((name, value.decode("latin-1")))
         body = stream_body(ctx, receive, rt.max_body)
         if owner is None:
-            resp, attempt = await rt.upstream.forward(ctx, (backend,), body)
+            resp, attempt = await rt.upstream.forward(ctx, (_first(rt),), body)
         else:  # tried even when ejected: the state lives only there; its error passes through
             resp, attempt = await rt.upstream.forward(ctx, (owner,), body, pinned=True)
         await relay_raw(ctx, resp, attempt, req.out)
         if response_id is not None and ctx.method == "DELETE" and resp.status == 200:
             await rt.ownership.forget(response_id)
+
+
+#: one model's path
+_MODELS = "/v1/models/"
+#: the stored responses' paths (docs/spec.md §22)
+_RESPONSES = "/v1/responses/"
+#: what may follow a stored response's id
+_RESPONSE_RESTS = frozenset({"", "cancel", "input_items"})
+#: names under /v1/responses/ that are calls of their own, not response ids
+_RESPONSE_CALLS = frozenset({"input_tokens", "compact"})
+#: paths of stored objects the gateway never records (stored chat completions): with auth on
+#: their ids can never be placed (docs/spec.md §26)
+_UNPLACEABLE = ("/v1/chat/completions/",)
+
+
+def _model_read(ctx: RequestContext) -> bool:
+    """``GET /v1/models/{model}`` of a model the key may call (the SDKs' ``models.retrieve``):
+    as open as the catalogue, never a stored object (docs/spec.md §26)."""
+    if ctx.method != "GET" or not ctx.path.startswith(_MODELS) or ctx.query:
+        return False
+    model = unquote(ctx.path[len(_MODELS) :])
+    return bool(model) and ctx.permits is not None and ctx.permits(model)
+
+
+def _first(rt: Runtime) -> Backend:
+    return rt.router.routes[0].backends[0]
+
+
+async def _not_foreign(rt: Runtime, ctx: RequestContext) -> None:
+    """Ids in the path and the query: none another tenant's (docs/spec.md §26)."""
+    for object_id in segments(ctx.path, ctx.query):
+        await rt.ownership.not_foreign(object_id, ctx.tenant)
+
+
+async def _unmodelled(
+    rt: Runtime, ctx: RequestContext, receive: Receive, out: ResponseWriter
+) -> None:
+    """A path the gateway does not model, with auth on (docs/spec.md §26): only with the key's
+    ``passthrough`` grant (403), never naming another tenant's object in its path, query or
+    JSON body (404), and never answered with a listing of stored objects, which the gateway
+    could not filter to the tenant (403)."""
+    entry = ctx.limit_key
+    digest = entry.digest if isinstance(entry, KeyEntry) else b""
+    if ctx.path.startswith(_UNPLACEABLE):
+        raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
+    if not passthrough_for(rt.config.auth).allows(digest, ctx.path):
+        raise Forbidden(
+            f"this API key may not reach {ctx.path}: the gateway does not model it; list it "
+            "in the key's `passthrough` globs to forward it (docs/spec.md §26)",
+            code="passthrough_not_allowed",
+        )
+    await _not_foreign(rt, ctx)
+    body = await _checked_body(rt, ctx, receive)
+    ctx.upstream_headers.append(("accept-encoding", "identity"))  # an answer read to check it
+    resp, attempt = await rt.upstream.forward(ctx, (_first(rt),), body)
+    kind = header_value(resp.headers, b"content-type") or b""
+    if not (200 <= resp.status < 300 and b"json" in kind):
+        await relay_raw(ctx, resp, attempt, out)
+        return
+    held, _ = await hold(ctx, resp, attempt)
+    if held is None or (held.obj is None and held.body.strip()):  # not one readable object
+        if held is None:
+            upstream_finished(ctx, attempt, resp)
+            await resp.aclose()
+        raise UpstreamError(
+            "the answer could not be read to check it (too long, or encoded): not relayed "
+            "(docs/spec.md §26)",
+            code="answer_unchecked",
+        )
+    if listing(held.obj):
+        raise Forbidden(
+            f"{ctx.path} answers a list of stored objects the gateway cannot filter to your "
+            "tenant: not relayed (docs/spec.md §26)",
+            code="unfiltered_listing",
+        )
+    await send_held(out, held, resp)
+
+
+async def _checked_body(rt: Runtime, ctx: RequestContext, receive: Receive) -> bytes | None:
+    """An unmodelled call's body, read whole (bounded): a JSON one must name no object of
+    another tenant — at the table's places none the tenant does not own — and goes on as it
+    was parsed (what was checked is what the upstream reads); a form's values are checked the
+    same way; another (a multipart upload, a binary) goes on as it came, on the strength of the
+    key's grant."""
+    raw = await read_body(ctx, receive, rt.max_body)  # decoded: sent on without its coding
+    if not raw:
+        return None
+    kind = (header_value(ctx.scope["headers"], b"content-type") or b"").lower()
+    text = raw.lstrip(b" \t\r\n").removeprefix(codecs.BOM_UTF8)  # a reader may skip a BOM
+    if b"json" in kind or text[:1] in (b"{", b"["):
+        try:
+            payload = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(
+                f"request body is not valid JSON: {exc}", code="invalid_json"
+            ) from exc
+        rule = rule_for(ctx.path)
+        named = (find(rule, None, payload) if rule is not None else None) or Named()
+        named.loose.extend(id_shaped(payload))
+        await rt.ownership.place(named, ctx.tenant)
+        return orjson.dumps(payload)
+    if b"x-www-form-urlencoded" in kind:
+        named = Named()
+        named.loose.extend(id_shaped(parse_qs(raw.decode("latin-1"))))
+        await rt.ownership.place(named, ctx.tenant)
+    return raw
 
 
 def bad_path(why: str) -> Endpoint:

@@ -16,6 +16,7 @@ from gateway.cache.service import CachePlan, Lookup, StreamTee, json_entry
 from gateway.context import Call, RequestContext
 from gateway.encoding import negotiate
 from gateway.errors import NotAcceptable, UpstreamStreamError
+from gateway.hops import references
 from gateway.hops.edge import read_body
 from gateway.hops.ownership import RecordingWriter
 from gateway.protocols import BY_PATH
@@ -41,10 +42,10 @@ async def model_call(rt: Runtime, scope: Scope, receive: Receive, send: Send) ->
         body = await read_body(ctx, receive, rt.max_body)  # bounded, decoded: 413 / 415
         call = rt.router.route(ctx, body)  # parse once, route, policies
         owner = None
+        if (named := references.in_call(call)) is not None:  # the stored objects it names:
+            owner = await rt.ownership.place(named, ctx.tenant)  # the tenant's, or 404 (§26)
         if BY_PATH[call.path].stateful:  # the Responses API: its state lives on one backend
             out = req.out = recording(rt, call, out)
-            # previous_response_id's or conversation's owner; 404 for another tenant's ids
-            owner = await rt.ownership.follows(call.payload, ctx.tenant)
         lookup = await rt.cache.lookup(ctx, call)  # a hit, an identical call in flight, a miss
         await admit(rt, ctx, call, lookup)  # budgets, tpm, rpm: the worst case reserved
         ctx.timeline.routed = time.perf_counter()

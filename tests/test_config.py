@@ -241,6 +241,14 @@ def test_a_config_copied_from_the_spec_sections_is_accepted():
             "backends[0].eject_for_s: must be > 0",
         ),
         ({"tracing": {"sample_ratio": float("nan")}}, "tracing.sample_ratio: expected a number"),
+        (
+            {"auth": {"keys": [{"tenant": "t", "sha256": "a" * 64, "passthrough": ["v1/audio"]}]}},
+            "auth.keys[0].passthrough: each entry is a path glob",
+        ),
+        (
+            {"auth": {"tenants": [{"name": "t", "passthrough": "/v1/*"}]}},
+            "auth.tenants[0].passthrough: expected an array",
+        ),
     ],
 )
 def test_each_error_names_its_key_path(data: dict[str, Any], expected: str):

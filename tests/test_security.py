@@ -215,7 +215,7 @@ def test_paths_that_could_leave_the_base_path_are_refused(gw, up, path):
         (b"/v1/files/file-abc/content", "/base/v1/files/file-abc/content"),
         (b"/v1/files/a%20b", "/base/v1/files/a%20b"),  # an escape a path needs is kept
         (b"/v1/@evil.example/x", "/base/v1/@evil.example/x"),  # "@" in a path is just a char
-        # one spelling (docs/spec.md §25): no trailing or repeated "/"
+        # one spelling (docs/spec.md §25, §26): no trailing or repeated "/"
         (b"/v1/files/?purpose=batch", "/base/v1/files?purpose=batch"),
         (b"/v1//admin", "/base/v1/admin"),
         (

@@ -529,10 +529,13 @@ def test_a_key_with_a_budget_cannot_spend_around_it(budgeted, usage):
     for key in (KEY_ADMIN, KEY_FREE):  # an admin key with a budget; a key without one
         r = httpx2.get(gw.base_url + "/files", headers={"authorization": f"Bearer {key}"})
         assert r.status_code == 200
-    # reading a stored response spends nothing: open to a key with a budget
+    # reading a stored response spends nothing: open to a key with a budget (its own
+    # response: with auth on another id is a 404, docs/spec.md §26)
+    made = post(gw, KEY_A, orjson.dumps({"model": "gpt-4o", "input": "hi"}), "/responses")
+    assert made.status_code == 200 and made.json()["id"] == "resp_s"
     r = httpx2.get(gw.base_url + "/responses/resp_s", headers={"authorization": f"Bearer {KEY_A}"})
     assert r.status_code == 200
-    assert usage.arrived == 3
+    assert usage.arrived == 4
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])

@@ -17,8 +17,9 @@ Where the mapping lives:
   replica agrees (:class:`RedisOwners`, ``SET key backend EX ttl``). A lookup asks the local LRU
   first (an id never changes owner, so a local hit is always right) and Redis on a miss. Each
   command waits at most the Redis timeout and a circuit breaker stops calling a dead Redis at
-  all: a lookup that Redis cannot answer routes by model, a record it cannot take is kept
-  locally — a dead Redis never fails a request.
+  all: with auth off a lookup that Redis cannot answer routes by model; with auth on an id
+  this process does not know is then a 404 (docs/spec.md §26: it could be another tenant's). A
+  record Redis cannot take is kept locally.
 
 One map for every object with an id: responses, and (docs/spec.md §24) files, uploads,
 batches, conversations, vector stores and Anthropic message batches, recorded by
@@ -26,7 +27,9 @@ batches, conversations, vector stores and Anthropic message batches, recorded by
 its own prefix), so one map holds them all. Each entry is bound to the tenant that created the
 object: the value is the backend's name, then (auth on) the unit separator and the tenant's,
 and a lookup by another tenant's key is a 404 (:class:`gateway.errors.NotFound`), as if the
-object did not exist — even when every tenant shares one upstream key.
+object did not exist — even when every tenant shares one upstream key. With auth on, an id
+nobody is known to own is a 404 too, wherever a request names it (:meth:`Ownership.place`
+checks what a body names, found by :mod:`gateway.hops.references`).
 
 What is recorded for responses: the ``id`` of a 200 answer to ``POST /v1/responses`` (the
 JSON body's, or the stream's ``response.created`` event's), read where the protocol already
@@ -45,13 +48,14 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.guard import RedisGuard, RedisUnavailable
 from gateway.cache.redis import connect
 from gateway.config import Config
 from gateway.errors import NotFound
+from gateway.hops.references import PINS, Named
 from gateway.routes import Backend
 from gateway.types import RawHeaders
 from gateway.writer import ResponseWriter
@@ -227,8 +231,8 @@ class RedisOwners:
     @staticmethod
     def _down(exc: Exception) -> None:
         log.warning(
-            "response ownership: Redis unreachable (%s); follow-ups route by the ids "
-            "this process knows, else by model, until it is back",
+            "response ownership: Redis unreachable (%s); until it is back only the ids this "
+            "process recorded are placed (others: by model with auth off, 404 with auth on)",
             type(exc).__name__,
         )
 
@@ -280,9 +284,8 @@ class Ownership:
 
     async def owner(self, response_id: object, tenant: str | None = None) -> Backend | None:
         """The backend that made ``response_id`` (None: unknown, expired, not a usable id, or
-        the shared store could not answer — the request then routes by model).
-
-        Raises :class:`NotFound` when another tenant made it (docs/spec.md §24)."""
+        the shared store could not answer). Raises :class:`NotFound` when another tenant made
+        it (docs/spec.md §24). Only for auth off: with auth on, :meth:`required` decides."""
         found = await self.lookup(response_id)
         if found is None:
             return None
@@ -307,29 +310,73 @@ class Ownership:
             raise not_found(str(object_id))
         return self._backends.get(name)
 
-    async def follows(self, payload: Mapping[str, Any], tenant: str | None) -> Backend | None:
-        """The backend a Responses request must reach: its ``conversation``'s owner, else its
-        ``previous_response_id``'s (None: neither, or an unknown previous response, which
-        routes by model)."""
-        conversation = payload.get("conversation")
-        if isinstance(conversation, dict):
-            conversation = conversation.get("id")
-        if conversation is not None:
-            return await self.required(conversation, tenant)
-        previous = payload.get("previous_response_id")
-        return None if previous is None else await self.owner(previous, tenant)
+    async def place(self, named: Named, tenant: str | None) -> Backend | None:
+        """Check the stored objects a request body names (docs/spec.md §26) before it is sent,
+        and return the backend its ``conversation``'s, else its ``previous_response_id``'s,
+        owner (None: neither, or unknown with auth off — the route decides).
+
+        With auth on each id at one of the table's places must be the caller's tenant's, and
+        none named elsewhere may be another tenant's: 404 otherwise, as a direct read is. With
+        auth off only the ids that pick a backend are looked up."""
+        pinned: dict[str, Backend | None] = {}
+        if tenant is None:
+            for token, object_id in named.ids:
+                if token in PINS and token not in pinned:
+                    pinned[token] = await self.required(object_id, None)
+        else:
+            every = named.all_ids()  # bounded (400 beyond) before anything is looked up
+            checked: dict[str, Backend | None] = {}
+            for token, object_id in named.ids:
+                if object_id not in checked:
+                    checked[object_id] = await self.required(object_id, tenant)
+                if token in PINS:
+                    pinned.setdefault(token, checked[object_id])
+            for object_id in every - checked.keys():
+                await self.not_foreign(object_id, tenant)
+        return next((b for p in PINS if (b := pinned.get(p)) is not None), None)
+
+    async def owners(self, named: Named, tenant: str | None) -> set[Backend]:
+        """The backends holding the objects at the table's places (each checked as by
+        :meth:`place`; unknown ones with auth off hold nothing)."""
+        named.all_ids()
+        found: set[Backend] = set()
+        for object_id in {i for _, i in named.ids}:
+            backend = await self.required(object_id, tenant)
+            if backend is not None:
+                found.add(backend)
+        if tenant is not None:
+            for object_id in set(named.loose):
+                await self.not_foreign(object_id, tenant)
+        return found
+
+    async def not_foreign(self, object_id: str, tenant: str | None) -> None:
+        """404 when ``object_id`` is known as another tenant's — or, with auth on, when the
+        shared store cannot say whose it is (docs/spec.md §26)."""
+        try:
+            found = await self._find(object_id)
+        except OwnersUnavailable:
+            if tenant is not None:
+                raise not_found(object_id) from None
+            return
+        if found is not None and found[1] != (tenant or ""):
+            raise not_found(object_id)
 
     async def lookup(self, object_id: object) -> tuple[str, str] | None:
         """(backend name, tenant) of a known id; None: unknown, expired, unusable, or the
         shared store could not answer."""
+        try:
+            return await self._find(object_id)
+        except OwnersUnavailable:
+            return None
+
+    async def _find(self, object_id: object) -> tuple[str, str] | None:
+        """As :meth:`lookup`; raises :class:`OwnersUnavailable` when the shared store could not
+        answer for an id this process does not know."""
         if not isinstance(object_id, str) or not 0 < len(object_id) <= MAX_ID_CHARS:
             return None
         value = self.local.get_now(object_id)
         if value is None and self.shared is not None:
-            try:
-                value = await self.shared.get(object_id)
-            except OwnersUnavailable:
-                return None
+            value = await self.shared.get(object_id)
         return None if value is None else _parse(value)
 
     async def record(

@@ -32,8 +32,9 @@ from typing import Any, Final
 import orjson
 
 from gateway.context import RequestContext, Usage
-from gateway.errors import Forbidden, UpstreamError
+from gateway.errors import Forbidden, InvalidRequest, UpstreamError
 from gateway.hops.auth import KeyEntry
+from gateway.hops.references import Named, find, rule_for
 from gateway.routes import Backend
 from gateway.runtime import Runtime
 from gateway.spend import Prices, estimate, nano
@@ -194,21 +195,66 @@ class WorstCase:
         most_in, most_out = estimate(size, body, operation, _LIMIT_FIELDS, self.cap)
         self.nano += price.reserve_nano(most_in, most_out, batch=True)
 
-    def add_line(self, raw: bytes) -> None:
-        """One line of an OpenAI batch input file."""
-        try:
-            line = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(line, dict):
-            url = line.get("url")
-            embeds = isinstance(url, str) and url.endswith("/embeddings")
-            self.add(line.get("body"), len(raw), "embeddings" if embeds else "chat")
-
 
 def _route_cap(rt: Runtime, backend: Backend | None) -> int | None:
     route = next((r for r in rt.router.routes if backend in r.backends), None)
     return route.config.max_tokens_cap if route is not None else None
+
+
+class BatchLines:
+    """The requests of an OpenAI batch's input file, each checked as a live call would be
+    (docs/spec.md §24, §26): its model against the key's globs, the stored objects its body
+    names (collected here, checked by the caller), its worst case when the key has a budget."""
+
+    __slots__ = ("ambiguous", "denied", "named", "permits", "worst")
+
+    def __init__(self, permits: Callable[[str], bool], worst: WorstCase | None) -> None:
+        self.permits = permits
+        self.worst = worst
+        #: models named that the key may not call
+        self.denied: set[str] = set()
+        #: the stored objects the lines name
+        self.named = Named()
+        #: lines whose bytes could be read otherwise than the gateway read them
+        self.ambiguous = 0
+
+    def line(self, raw: bytes) -> None:
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return  # the backend refuses the line: it runs nothing
+        if not isinstance(line, dict) or not isinstance(body := line.get("body"), dict):
+            return
+        model = body.get("model")
+        if not isinstance(model, str) or not self.permits(model):
+            self.denied.add(str(model))
+        url = line.get("url")
+        path = url.partition("?")[0].removesuffix("/") if isinstance(url, str) else ""
+        rule = rule_for(path)
+        named = find(rule, raw, body) if rule is not None else None
+        if named is not None:
+            self.ambiguous += named.ambiguous
+            self.named.ids.extend(named.ids)
+            self.named.loose.extend(named.loose)
+        if self.worst is not None:
+            embeds = path.endswith("/embeddings")
+            self.worst.add(body, len(raw), "embeddings" if embeds else "chat")
+
+    def refuse(self) -> None:
+        """403 for a model the key may not call; 400 for a line that could be read two ways."""
+        if self.denied:
+            raise Forbidden(
+                f"the batch names models this API key may not call "
+                f"({', '.join(sorted(self.denied)[:10])})",
+                code="model_not_allowed",
+            )
+        if self.ambiguous:
+            raise InvalidRequest(
+                f"{self.ambiguous} line(s) of the batch's input file name a stored object in a "
+                "way a reader could take otherwise (a key given twice, or spelled with \\u "
+                "escapes): write each key once, plainly (docs/spec.md §26)",
+                code="ambiguous_batch_line",
+            )
 
 
 async def check_batch(
@@ -218,22 +264,28 @@ async def check_batch(
     anthropic: bool,
     backends: tuple[Backend, ...],
 ) -> None:
-    """A key with a budget may start a batch only when its worst case fits (module docstring):
-    403 ``model_not_priced`` for a request whose model has no price, 429 ``budget_exceeded``
-    when it does not fit."""
+    """A batch is checked before it starts (module docstring): with auth on, an OpenAI batch's
+    input file is read and each line checked as a live call (403 ``model_not_allowed``, 404
+    for another tenant's objects); a key with a budget may start it only when its worst case
+    fits: 403 ``model_not_priced`` for a request whose model has no price, 429
+    ``budget_exceeded`` when it does not fit."""
     entry = ctx.limit_key
-    if not isinstance(entry, KeyEntry) or not entry.budgeted or not backends:
+    if not isinstance(entry, KeyEntry) or not backends:
+        return  # auth off: no key to check the batch against
+    worst = WorstCase(rt.auth.prices, _route_cap(rt, backends[0])) if entry.budgeted else None
+    requests = payload.get("requests")
+    if anthropic:  # its requests' models and objects were checked with its body
+        if worst is not None and isinstance(requests, list):
+            for request in requests:
+                params = request.get("params") if isinstance(request, dict) else None
+                worst.add(params, len(orjson.dumps(params)))
+    elif isinstance(file_id := payload.get("input_file_id"), str):
+        lines = BatchLines(entry.permits, worst)
+        await _read_input(backends[0], file_id, Lines(lines.line))
+        lines.refuse()
+        await rt.ownership.place(lines.named, ctx.tenant)
+    if worst is None:
         return
-    worst = WorstCase(rt.auth.prices, _route_cap(rt, backends[0]))
-    if anthropic:
-        requests = payload.get("requests")
-        for request in requests if isinstance(requests, list) else ():
-            params = request.get("params") if isinstance(request, dict) else None
-            worst.add(params, len(orjson.dumps(params)))
-    else:
-        file_id = payload.get("input_file_id")
-        if isinstance(file_id, str):
-            await _read_input(backends[0], file_id, worst)
     if worst.unpriced:
         raise Forbidden(
             f"this API key has a budget and the batch names models without a price "
@@ -244,8 +296,8 @@ async def check_batch(
     await rt.auth.admit_batch(ctx, worst.nano)
 
 
-async def _read_input(backend: Backend, file_id: str, worst: WorstCase) -> None:
-    """Stream a batch's input file from the backend holding it through ``worst``."""
+async def _read_input(backend: Backend, file_id: str, lines: Lines) -> None:
+    """Stream a batch's input file from the backend holding it through ``lines``."""
     url = backend.url_for(f"/v1/files/{file_id}/content", b"")
     headers = backend.request_headers([("accept-encoding", "identity")])
     resp = await backend.transport.request("GET", url, headers, None)
@@ -253,10 +305,9 @@ async def _read_input(backend: Backend, file_id: str, worst: WorstCase) -> None:
         if resp.status != 200:
             raise UpstreamError(
                 f"the batch's input file could not be read from its backend (HTTP "
-                f"{resp.status}) to check the batch against the key's budget",
+                f"{resp.status}) to check its requests",
                 code="batch_input_unreadable",
             )
-        lines = Lines(worst.add_line)
         async for chunk in resp.aiter_raw():
             lines.feed(chunk)
         lines.end()
@@ -298,6 +349,7 @@ async def charge(
 
 __all__ = [
     "MAX_LINE_BYTES",
+    "BatchLines",
     "Lines",
     "ResultsTally",
     "WorstCase",

@@ -30,6 +30,21 @@ _ACTIONS: Final = frozenset(
 _VERBS: Final = {"GET": "retrieve", "POST": "update", "DELETE": "delete"}
 
 
+#: per collection, what may follow an object's id (``*``: an id of the object's own items);
+#: with auth on anything else is a path the gateway does not model: 404 (docs/spec.md §26)
+_RESTS: Final = {
+    "files": frozenset({"", "content"}),
+    "uploads": frozenset({"", "parts", "complete", "cancel"}),
+    "batches": frozenset({"", "cancel"}),
+    "conversations": frozenset({"", "items", "items/*"}),
+    "vector_stores": frozenset(
+        {"", "search", "files", "files/*", "files/*/content", "file_batches", "file_batches/*"}
+        | {"file_batches/*/cancel", "file_batches/*/files"}
+    ),
+    "messages/batches": frozenset({"", "results", "cancel"}),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A stateful path taken apart: ``/v1/<collection>[/<object_id>[/<rest>]]``."""
@@ -40,6 +55,28 @@ class Target:
     rest: str
     #: the Anthropic Files API (beta header) or Message Batches
     anthropic: bool
+    #: a spelling of a collection's path that is not the path (another case, an empty id):
+    #: never forwarded (docs/spec.md §26)
+    malformed: bool = False
+
+    @property
+    def path(self) -> str:
+        """The canonical path: one spelling, without a trailing ``/`` (docs/spec.md §26)."""
+        tail = "" if self.object_id is None else "/" + self.object_id
+        return f"/v1/{self.collection}{tail}{'/' if self.rest else ''}{self.rest}"
+
+    @property
+    def modelled(self) -> bool:
+        """Whether what follows the object's id is a call the gateway knows (module
+        docstring): ``content``, ``cancel``, ``items/<id>``, …
+
+        >>> parse("/v1/files/f/content").modelled, parse("/v1/files/f/result%73").modelled
+        (True, False)
+        >>> parse("/v1/vector_stores/v/file_batches/b/files").modelled
+        True
+        """
+        shape = "/".join("*" if i % 2 else p for i, p in enumerate(self.rest.split("/")))
+        return self.object_id is None or shape in _RESTS[self.collection]
 
     @property
     def root(self) -> bool:
@@ -79,32 +116,47 @@ class Target:
 
 
 def parse(path: str, anthropic_client: bool = False) -> Target | None:
-    """The stateful call ``path`` is, or None.
+    """The stateful call ``path`` is, or None. A trailing ``/`` is the same call; another
+    case of a collection's name, or an empty segment, is ``malformed``.
 
     >>> parse("/v1/files/file-1/content")
-    Target(collection='files', object_id='file-1', rest='content', anthropic=False)
+    Target(collection='files', object_id='file-1', rest='content', anthropic=False, malformed=False)
     >>> parse("/v1/messages/batches/msgbatch_1/results").anthropic
     True
     >>> parse("/v1/files", anthropic_client=True).anthropic
     True
-    >>> parse("/v1/batches").root, parse("/v1/chat/completions"), parse("/v1/files//x")
-    (True, None, None)
+    >>> parse("/v1/batches").root, parse("/v1/chat/completions"), parse("/v1/files//x").malformed
+    (True, None, True)
+    >>> parse("/v1/files/").path, parse("/v1/batches/b_1/cancel/").path
+    ('/v1/files', '/v1/batches/b_1/cancel')
+    >>> parse("/v1/Files/f-1").malformed, parse("/v1/filesx") is None
+    (True, True)
     """
     if not path.startswith("/v1/"):
         return None
     rest = path[4:]
+    folded = rest.lower()
     collection = next(
-        (c for c in ("messages/batches", *COLLECTIONS) if rest == c or rest.startswith(c + "/")),
+        (c for c in _NAMES if folded == c or folded.startswith(c + "/")),
         None,
     )
     if collection is None:
         return None
     tail = rest[len(collection) + 1 :]
+    tail = tail.removesuffix("/")  # one spelling: no trailing slash
     object_id, _, after = tail.partition("/")
-    if (not object_id and (after or rest.endswith("/"))) or "//" in tail:
-        return None
+    malformed = (
+        not rest.startswith(collection)
+        or (not object_id and bool(after))
+        or "//" in tail
+        or tail.endswith("/")
+    )
     anthropic = collection == "messages/batches" or (collection == "files" and anthropic_client)
-    return Target(collection, object_id or None, after, anthropic)
+    return Target(collection, object_id or None, after, anthropic, malformed)
+
+
+#: the collections, the longest first (``messages/batches`` before any of its prefixes)
+_NAMES: Final = tuple(sorted(COLLECTIONS, key=len, reverse=True))
 
 
 __all__ = ["COLLECTIONS", "Target", "parse"]

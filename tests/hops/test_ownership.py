@@ -20,6 +20,7 @@ from gateway.hops.ownership import (
     build_ownership,
     response_path_id,
 )
+from gateway.hops.references import Named, find, rule_for
 from gateway.routes import Backend
 from tests.redis_support import RedisServer, free_port
 from tests.support import gateway_config
@@ -84,6 +85,10 @@ def test_lookups_name_configured_backends_only_and_ignore_unusable_ids():
     assert run(ownership.owner("resp_1")) is None
 
 
+RESPONSES = rule_for("/v1/responses")
+assert RESPONSES is not None
+
+
 def test_entries_are_bound_to_their_tenant():
     """docs/spec.md §24: another tenant's id is a 404, as if it did not exist."""
     known = backends("a", "b")
@@ -107,12 +112,19 @@ def test_entries_are_bound_to_their_tenant():
     assert run(ownership.required("file-unknown", None)) is None
     # a Responses request follows its conversation, else its previous response
     run(ownership.record("conv_1", known["b"], 60.0, "t1"))
-    assert run(ownership.follows({"conversation": {"id": "conv_1"}}, "t1")) is known["b"]
-    assert run(ownership.follows({"previous_response_id": "file-1"}, "t1")) is known["a"]
-    assert run(ownership.follows({"previous_response_id": "resp_x"}, "t1")) is None
-    assert run(ownership.follows({"input": "hi"}, "t1")) is None
-    with pytest.raises(NotFound):
-        run(ownership.follows({"conversation": "conv_1"}, "t2"))
+
+    def follows(payload: dict[str, Any], tenant: str | None) -> Backend | None:
+        named = find(RESPONSES, None, payload) or Named()
+        return run(ownership.place(named, tenant))
+
+    assert follows({"conversation": {"id": "conv_1"}}, "t1") is known["b"]
+    assert follows({"conversation": "conv_1", "previous_response_id": "file-1"}, "t1") is known["b"]
+    assert follows({"previous_response_id": "file-1"}, "t1") is known["a"]
+    assert follows({"input": "hi"}, "t1") is None
+    assert follows({"previous_response_id": "resp_x"}, None) is None  # auth off: by model
+    for foreign in ({"previous_response_id": "resp_x"}, {"conversation": "conv_1"}):
+        with pytest.raises(NotFound):  # unknown with auth on; another tenant's
+            follows(foreign, "t1" if "previous_response_id" in foreign else "t2")
 
 
 def test_response_paths_name_their_id():

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote_plus
 
 import pytest
 
@@ -47,20 +48,97 @@ sha256 = "{_digest(KEY_TWO)}"
 
 
 @dataclass
+class Arrived:
+    """One request as the backend received it."""
+
+    method: str
+    #: the path as sent (escapes kept) and as decoded
+    raw_path: str
+    path: str
+    query: str
+    body: bytes
+
+    def text(self) -> str:
+        """Everything the backend could read an id from: the path both ways, the query both
+        ways, the body as bytes and, when it is JSON, every string in it decoded."""
+        parts = [self.raw_path, self.path, self.query, unquote_plus(self.query)]
+        parts.append(self.body.decode("utf-8", "replace"))
+        try:
+            parsed = json.loads(self.body) if self.body else None
+        except ValueError:
+            parsed = None
+        stack = [parsed]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                parts.extend(node)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, str):
+                parts.append(node)
+        return "\n".join(parts)
+
+
+#: how much of each request body a recording backend keeps
+RECORDED_BYTES = 1024 * 1024
+
+
+class Recording:
+    """An ASGI app in front of another that records every HTTP request it is sent."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[Arrived] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        kept = body[:RECORDED_BYTES]  # a big upload's head: ids are in small bodies
+        self.seen.append(Arrived(scope["method"], raw, scope["path"], query, kept))
+        given = False
+
+        async def again() -> Any:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, again, send)
+
+
+@dataclass
 class MockBackend:
-    """A mock backend's server and the objects it holds."""
+    """A mock backend's server, the objects it holds and every request it received."""
 
     server: ThreadedServer
     objects: MockObjects
+    recording: Recording
 
     @property
     def url(self) -> str:
         return self.server.url
 
+    @property
+    def seen(self) -> list[Arrived]:
+        return self.recording.seen
+
 
 def start_mock() -> MockBackend:
     app = create_mock_app()
-    return MockBackend(ThreadedServer(app).start(), app.state.objects)
+    recording = Recording(app)
+    return MockBackend(ThreadedServer(recording).start(), app.state.objects, recording)
 
 
 @pytest.fixture

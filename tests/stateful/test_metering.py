@@ -7,9 +7,10 @@ import orjson
 import pytest
 
 from gateway.config import PriceConfig
+from gateway.errors import Forbidden
 from gateway.spend import Prices
 from gateway.stateful import metering
-from gateway.stateful.metering import Lines, ResultsTally, WorstCase
+from gateway.stateful.metering import BatchLines, Lines, ResultsTally, WorstCase
 
 PRICES = Prices(
     (
@@ -64,13 +65,19 @@ def test_a_batch_s_worst_case_per_request_at_batch_prices():
         {"url": "/v1/chat/completions", "body": {"model": "gpt-a", "max_tokens": 50}}
     )
     embed = orjson.dumps({"url": "/v1/embeddings", "body": {"model": "gpt-a", "input": "x"}})
-    worst.add_line(chat)
-    worst.add_line(embed)
+    lines = BatchLines(lambda model: model != "gpt-denied", worst)
+    lines.line(chat)
+    lines.line(embed)
     worst.add({"model": "nobody"}, 40)
     want_chat = (-(-len(chat) // 4) * 2.0 + 50 * 8.0) * 1000 * 0.25
     want_embed = -(-len(embed) // 4) * 2.0 * 1000 * 0.25
     assert worst.nano == pytest.approx(want_chat + want_embed, abs=2)
     assert worst.requests == 3 and worst.unpriced == {"nobody"}
+    assert lines.denied == set()
+    lines.line(orjson.dumps({"url": "/v1/chat/completions", "body": {"model": "gpt-denied"}}))
+    assert lines.denied == {"gpt-denied"}
+    with pytest.raises(Forbidden):
+        lines.refuse()
     capped = WorstCase(PRICES, cap=10)
     capped.add({"model": "claude-a"}, 4)
     assert capped.nano == pytest.approx((1 * 3.0 + 10 * 15.0) * 1000 * 0.5, abs=1)

@@ -138,6 +138,6 @@ def test_one_call_naming_files_on_two_backends_is_a_clear_400(client, mock_pair)
 
 def test_an_answer_too_long_to_read_passes_through_unread(client, mock_pair, monkeypatch):
     made = client.files.create(file=("d.txt", b"d"), purpose="user_data")
-    monkeypatch.setattr("gateway.stateful.answers.HOLD_LIMIT", 8)
+    monkeypatch.setattr("gateway.hops.held.HOLD_LIMIT", 8)
     assert client.files.retrieve(made.id).id == made.id
     assert {f.id for f in client.files.list().data} <= {made.id}  # one backend's page, as sent
