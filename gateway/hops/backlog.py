@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.cache.guard import RedisGuard, RedisUnavailable
+from gateway.store.guard import RedisGuard, RedisUnavailable
 
 if TYPE_CHECKING:
     from gateway.hops.limits import Allowance

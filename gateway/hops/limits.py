@@ -29,7 +29,7 @@ tokens and requests — is **one** Lua script, one round trip, atomic, on Redis'
 script. Both are keyed by the request's reservation id, so a retry or a replay is applied at
 most once. A key's buckets and budgets and its tenant's budget share one hash tag (the tenant),
 so the scripts run on Redis Cluster too. Each call goes through the one Redis guard
-(gateway/cache/guard.py: ``auth.timeout_ms``, a circuit breaker, and the rule that a command
+(gateway/store/guard.py: ``auth.timeout_ms``, a circuit breaker, and the rule that a command
 that timed out may have run). While Redis is unreachable the limits are counted here, per
 process (never unlimited, never a wait): a budget's spending starts from what Redis last said
 was spent, so each replica can spend at most what was left of it then; the settlements Redis
@@ -52,9 +52,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Protocol
 
-from gateway.cache.breaker import CircuitBreaker
-from gateway.cache.guard import RedisGuard, RedisUnavailable, close_quietly
-from gateway.cache.redis import connect
 from gateway.hops.backlog import Backlog
 from gateway.hops.reservations import (
     ADMIT,
@@ -76,6 +73,9 @@ from gateway.hops.reservations import (
 )
 from gateway.memo import remember
 from gateway.spend import PERIOD_CODES, current_period, nano, period_bounds
+from gateway.store.breaker import CircuitBreaker
+from gateway.store.connect import connect
+from gateway.store.guard import RedisGuard, RedisUnavailable, close_quietly
 
 log = logging.getLogger("gateway.auth")
 

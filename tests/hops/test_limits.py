@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cache.breaker import CircuitBreaker
 from gateway.hops.limits import (
     WINDOW_S,
     Allowance,
@@ -27,6 +26,7 @@ from gateway.hops.limits import (
 )
 from gateway.hops.reservations import ADMIT_LUA, RESERVE_TTL_S
 from gateway.spend import PERIOD_CODES, period_bounds
+from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer
 
 USD = 1_000_000_000  # nano-USD

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cache.breaker import CircuitBreaker
 from gateway.hops.limits import Allowance, Budget, MemoryLimits, RedisLimits, Spent, spend_key
 from gateway.hops.reservations import (
     ADMIT,
@@ -31,6 +30,7 @@ from gateway.hops.reservations import (
     step,
 )
 from gateway.spend import PERIOD_CODES, period_bounds
+from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer
 
 USD = 1_000_000_000
