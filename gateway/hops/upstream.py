@@ -39,9 +39,9 @@ from typing import Generic, TypeVar
 
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.fleet.affinity import request_key
+from gateway.fleet.health import CONNECTION_FAILED, SUCCESS, Health, RoutePlan, answer_outcome
 from gateway.headers import header_value
-from gateway.hops.affinity import request_key
-from gateway.hops.health import CONNECTION_FAILED, SUCCESS, Health, RoutePlan, answer_outcome
 from gateway.routes import Backend
 from gateway.transports.base import Body, UpstreamResponse
 

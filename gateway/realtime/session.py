@@ -40,8 +40,8 @@ from gateway.errors import (
     NotFound,
     error_body,
 )
+from gateway.fleet.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.auth import KeyEntry
-from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.events import ModelResponse, OnDone, Responses
 from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay

@@ -59,7 +59,7 @@ from gateway.errors import (
     UpstreamTimeout,
     error_body,
 )
-from gateway.hops.health import CONNECTION_FAILED, Health, answer_outcome
+from gateway.fleet.health import CONNECTION_FAILED, Health, answer_outcome
 from gateway.hops.upstream import (
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
