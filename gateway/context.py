@@ -251,7 +251,7 @@ class LiveSession(Protocol):
 
 
 class Pricing(Protocol):
-    """What prices a finished request (:class:`gateway.spend.Prices`)."""
+    """What prices a finished request (:class:`gateway.budgets.spend.Prices`)."""
 
     def cost(self, ctx: RequestContext) -> float | None: ...
 
@@ -326,10 +326,10 @@ class Answer:
         self.finish_reasons: list[str] | None = None
         #: completion text pieces, collected only with tracing.capture_content = true
         self.captured: list[str] | None = None
-        #: how this request's usage is priced (:class:`gateway.spend.Prices`, named by the auth
-        #: hop); None: it is not priced at all
+        #: how this request's usage is priced (:class:`gateway.budgets.spend.Prices`, named by
+        #: the auth hop); None: it is not priced at all
         self.pricing: Pricing | None = None
-        #: the cost in USD, worked out once when first asked (:func:`gateway.spend.cost`;
+        #: the cost in USD, worked out once when first asked (:func:`gateway.budgets.spend.cost`;
         #: None: no price for the model, or not a model call)
         self.cost_usd: float | None = None
         self.costed = False
@@ -339,7 +339,7 @@ class Answer:
         self.reserved_nano = 0
         #: None while the reservation is due (set by the auth hop, made by its admit step)
         self.reserved_shared: bool | None = False
-        #: the reservation's id (gateway/hops/reservations.py; '' when nothing was reserved)
+        #: the reservation's id (gateway/budgets/reservations.py; '' when nothing was reserved)
         self.reservation = ""
 
     @property

@@ -14,7 +14,7 @@ Then, per key entry:
 - no key → 401 ``missing_api_key``; an unknown key → 401 ``invalid_api_key``;
 - the model (known once the router parsed the body) outside the key's ``models`` globs → 403
   ``model_not_allowed`` (checked by the router through ``ctx.permits``);
-- ``rpm`` / ``tpm`` (:mod:`gateway.hops.limits`) over → 429 ``rate_limit_exceeded`` with
+- ``rpm`` / ``tpm`` (:mod:`gateway.budgets.limits`) over → 429 ``rate_limit_exceeded`` with
   ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, which also go out on every answer to a
   limited key;
 - a budget (the key's ``budget_usd``, its tenant's ``[[auth.tenants]]``) that this request's
@@ -25,17 +25,17 @@ Then, per key entry:
 A model call's tokens and cost are known only from its body, so for a key with ``tpm`` or a
 budget its limits are checked by :meth:`Auth.admit` once the router parsed the body: budgets,
 tokens and requests in one step (one Redis script), reserving the request's worst case
-(:func:`gateway.spend.estimate`). The end of the request (:meth:`Auth.finished`) replaces the
-reservation with the usage the upstream reported and its cost; a cache hit costs nothing; an
-answer that completed without reporting usage (an upstream that ignored the
+(:func:`gateway.budgets.spend.estimate`). The end of the request (:meth:`Auth.finished`)
+replaces the reservation with the usage the upstream reported and its cost; a cache hit costs
+nothing; an answer that completed without reporting usage (an upstream that ignored the
 ``stream_options.include_usage`` the gateway asked for) keeps its reservation as its cost; a
-stream the client cut is charged what was relayed (:func:`gateway.spend.charge_relayed`). A
-key with a budget may not call a model without a price (403 ``model_not_priced``: it could
-spend unmetered), and may not use the passthrough paths (``/v1/*`` that are no model call:
-nothing meters them) unless it is an admin key — 403 ``budget_passthrough``; reading or
-cancelling a stored response (docs/spec.md §22) spends nothing and stays open, and files,
-uploads, batches and Anthropic message batches are metered per batch
-(:mod:`gateway.stateful.metering`, docs/spec.md §24).
+stream the client cut is charged what was relayed
+(:func:`gateway.budgets.spend.charge_relayed`). A key with a budget may not call a model without
+a price (403 ``model_not_priced``: it could spend unmetered), and may not use the passthrough
+paths (``/v1/*`` that are no model call: nothing meters them) unless it is an admin key — 403
+``budget_passthrough``; reading or cancelling a stored response (docs/spec.md §22) spends
+nothing and stays open, and files, uploads, batches and Anthropic message batches are metered
+per batch (:mod:`gateway.stateful.metering`, docs/spec.md §24).
 
 The tenant names the cache scope (docs/spec.md §10), the ``gateway.tenant`` span attribute, the
 access log's ``tenant``, the cost metric and the live view's records.
@@ -55,10 +55,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
-from gateway.context import Call, RequestContext
-from gateway.errors import Forbidden, RateLimited, Unauthorized
-from gateway.hops.limits import (
+from gateway.budgets.limits import (
     Allowance,
     Budget,
     Limits,
@@ -70,10 +67,13 @@ from gateway.hops.limits import (
     reset_text,
     spend_key,
 )
+from gateway.budgets.spend import PERIOD_TEXT, Prices, cost, estimate, nano, unreported, usd_text
+from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
+from gateway.context import Call, RequestContext
+from gateway.errors import Forbidden, RateLimited, Unauthorized
 from gateway.hops.ownership import response_path_id
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
-from gateway.spend import PERIOD_TEXT, Prices, cost, estimate, nano, unreported, usd_text
 
 log = logging.getLogger("gateway.auth")
 

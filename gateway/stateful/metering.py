@@ -4,13 +4,13 @@ it cost once its results are read.
 **Before.** A key with a budget may start a batch only if the batch's worst case, at batch
 prices (``[[prices]] batch_discount``, 0.5 by default), fits what is left of its budgets (and
 its tenant's): 429 ``budget_exceeded`` otherwise, before anything reaches a backend. The worst
-case is worked out line by line as the rest of the gateway does (:func:`gateway.spend.estimate`):
-each request's body bytes / 4 input tokens, plus its ``max_tokens`` /
-``max_completion_tokens`` / ``max_output_tokens``, else the route's ``max_tokens_cap``, else
-4096, output tokens — each at its own model's price. An OpenAI batch's requests are in its
-input file, which the gateway reads from the backend holding it (streamed, line by line, never
-held whole); an Anthropic batch's are in its body. The check reserves nothing for the batch's
-run (a batch may take a day): it is released at once.
+case is worked out line by line as the rest of the gateway does
+(:func:`gateway.budgets.spend.estimate`): each request's body bytes / 4 input tokens, plus its
+``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens``, else the route's
+``max_tokens_cap``, else 4096, output tokens — each at its own model's price. An OpenAI batch's
+requests are in its input file, which the gateway reads from the backend holding it (streamed,
+line by line, never held whole); an Anthropic batch's are in its body. The check reserves
+nothing for the batch's run (a batch may take a day): it is released at once.
 
 **After.** A batch is priced when its results pass through the gateway: the output file's
 content (``GET /v1/files/{id}/content``: lines with ``response.body.usage``) or an Anthropic
@@ -31,13 +31,13 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.budgets.spend import Prices, estimate, nano
 from gateway.context import RequestContext, Usage
 from gateway.errors import Forbidden, InvalidRequest, UpstreamError
 from gateway.hops.auth import KeyEntry
 from gateway.hops.references import Named, find, rule_for
 from gateway.routes import Backend
 from gateway.runtime import Runtime
-from gateway.spend import Prices, estimate, nano
 
 log = logging.getLogger("gateway")
 

@@ -8,6 +8,6 @@
   :class:`~gateway.store.guard.GuardedRedis`, the base of a store kept in Redis;
 - ``keyvalue``: a prefixed key-value map in Redis and its in-memory twin.
 
-The response cache (gateway/cache/), the limits (gateway/hops/limits.py), response ownership
+The response cache (gateway/cache/), the limits (gateway/budgets/), response ownership
 (gateway/hops/ownership.py) and MCP sessions (gateway/mcp/sessions.py) are built on it.
 """

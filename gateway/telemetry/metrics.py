@@ -43,9 +43,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.samples import Exemplar
 
+from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext
 from gateway.memo import remember
-from gateway.spend import cost
 from gateway.telemetry.spans import EdgeHop
 
 log = logging.getLogger("gateway.metrics")

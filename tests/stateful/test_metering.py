@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway.budgets.spend import Prices
 from gateway.config import PriceConfig
 from gateway.errors import Forbidden
-from gateway.spend import Prices
 from gateway.stateful import metering
 from gateway.stateful.metering import BatchLines, Lines, ResultsTally, WorstCase
 

@@ -30,9 +30,9 @@ away) spends in the current period. The spending of a request admitted in one pe
 settled in the next is booked to the period it was admitted in; the new period's budget starts
 with nothing reserved.
 
-The per-process :class:`gateway.hops.limits.MemoryLimits` keeps the same records and applies
+The per-process :class:`gateway.budgets.limits.MemoryLimits` keeps the same records and applies
 the same table (:func:`step`); the Lua below is that table written for Redis, and
-tests/hops/test_reservations.py runs random sequences of operations against both and compares.
+tests/budgets/test_reservations.py runs random sequences of operations against both and compares.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def member(rid: str, cost: int, start: int) -> str:
 
 
 # What the scripts share: Redis's clock, UTC calendar periods (the integer arithmetic of
-# gateway.spend.period_bounds), and a budget read into a table: its hash {s: period start,
+# gateway.budgets.spend.period_bounds), and a budget read into a table: its hash {s: period start,
 # p: spent, r: reserved in this period, q: the previous period's start, o: its spent} and its
 # sorted set of reservations, from which expired ones are swept (EXPIRE) as it is read.
 # Amounts are nano-USD integers (Lua numbers are doubles: exact far beyond these magnitudes).

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hops.limits import Allowance, Budget, MemoryLimits, RedisLimits, Spent, spend_key
-from gateway.hops.reservations import (
+from gateway.budgets.limits import Allowance, Budget, MemoryLimits, RedisLimits, Spent, spend_key
+from gateway.budgets.reservations import (
     ADMIT,
     EXPIRE,
     EXPIRED,
@@ -29,7 +29,7 @@ from gateway.hops.reservations import (
     TRANSITIONS,
     step,
 )
-from gateway.spend import PERIOD_CODES, period_bounds
+from gateway.budgets.spend import PERIOD_CODES, period_bounds
 from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer
 

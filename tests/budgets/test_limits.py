@@ -1,4 +1,4 @@
-"""The limiter on its own (gateway/hops/limits.py): the GCRA arithmetic, budgets and their
+"""The limiter on its own (gateway/budgets/limits.py): the GCRA arithmetic, budgets and their
 reservations, the per-process state, and the Redis scripts against a real ``redis-server``
 agreeing with them (periods included), falling back per process and catching up afterwards."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hops.limits import (
+from gateway.budgets.limits import (
     WINDOW_S,
     Allowance,
     Budget,
@@ -24,8 +24,8 @@ from gateway.hops.limits import (
     debit_gcra,
     spend_key,
 )
-from gateway.hops.reservations import ADMIT_LUA, RESERVE_TTL_S
-from gateway.spend import PERIOD_CODES, period_bounds
+from gateway.budgets.reservations import ADMIT_LUA, RESERVE_TTL_S
+from gateway.budgets.spend import PERIOD_CODES, period_bounds
 from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer
 

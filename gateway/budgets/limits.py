@@ -6,7 +6,7 @@ timestamp, the *theoretical arrival time* ``tat``). A key with ``rpm = N`` may s
 once, then one every 60/N s; its bucket is full again 60 s after it stops. ``tpm`` works the same
 way in tokens, but a request's tokens are known only when its answer is, so the request
 *reserves* its worst case before it goes upstream (its estimate, at most the whole ``tpm``:
-:func:`gateway.spend.estimate`) and the end of the request replaces the reservation with the
+:func:`gateway.budgets.spend.estimate`) and the end of the request replaces the reservation with the
 usage the upstream reported. Concurrent requests therefore cannot overdraw the bucket beyond the
 estimate's error::
 
@@ -16,11 +16,12 @@ estimate's error::
           at the end                                       tat += (tokens - r) * 60/tpm
 
 Budgets (``budget_usd`` of a key, and of its ``[[auth.tenants]]`` entry: both are checked) count
-whole nano-dollars per UTC period (:func:`gateway.spend.period_bounds`): *spent* this period and
-*reserved* by requests in flight. A request reserving ``c`` is admitted iff ``spent + reserved +
-c <= budget`` for each budget; at its end its reservation is released and its real cost spent.
+whole nano-dollars per UTC period (:func:`gateway.budgets.spend.period_bounds`): *spent* this
+period and *reserved* by requests in flight. A request reserving ``c`` is admitted iff ``spent +
+reserved + c <= budget`` for each budget; at its end its reservation is released and its real
+cost spent.
 Each request's reservation is a record of its own, under an id of its own, with the states and
-transitions of gateway/hops/reservations.py: settled at most once, released when its lease
+transitions of gateway/budgets/reservations.py: settled at most once, released when its lease
 runs out (the replica that made it died; live ones renew theirs), never a whole budget's sum.
 
 With Redis (``auth.redis_url``, or the ``[cache]`` Redis) the admission of a request — budgets,
@@ -35,7 +36,7 @@ process (never unlimited, never a wait): a budget's spending starts from what Re
 was spent, so each replica can spend at most what was left of it then; the settlements Redis
 did not confirm wait in a ledger and are replayed when it answers again (nothing is forgotten,
 nothing counted twice), and the requests admitted here meanwhile that still run are held there
-before Redis admits anything new from this process (gateway/hops/backlog.py: money fails
+before Redis admits anything new from this process (gateway/budgets/backlog.py: money fails
 closed when Redis returns). ``gateway_ratelimit_fallback`` is 1 and a warning is logged while that
 lasts; the first command that succeeds again ends the fallback (and logs it).
 """
@@ -52,8 +53,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Protocol
 
-from gateway.hops.backlog import Backlog
-from gateway.hops.reservations import (
+from gateway.budgets.backlog import Backlog
+from gateway.budgets.reservations import (
     ADMIT,
     ADMIT_LUA,
     EXPIRE,
@@ -71,8 +72,8 @@ from gateway.hops.reservations import (
     member,
     step,
 )
+from gateway.budgets.spend import PERIOD_CODES, current_period, nano, period_bounds
 from gateway.memo import remember
-from gateway.spend import PERIOD_CODES, current_period, nano, period_bounds
 from gateway.store.breaker import CircuitBreaker
 from gateway.store.connect import connect
 from gateway.store.guard import RedisGuard, RedisUnavailable, close_quietly
@@ -353,7 +354,7 @@ class _State:
 class MemoryLimits:
     """The buckets and budgets in this process (``time.monotonic`` for the buckets, the wall
     clock for the budgets' calendar periods and the reservations' leases). The reservations
-    follow gateway/hops/reservations.py's table (:func:`step`), as the Redis scripts do."""
+    follow gateway/budgets/reservations.py's table (:func:`step`), as the Redis scripts do."""
 
     #: the state is here: never a fallback
     fallback = False
@@ -457,7 +458,7 @@ class MemoryLimits:
 
     def hold(self, a: Allowance, rid: str, cost: int, tokens: int = 0) -> None:
         """Count a reservation made elsewhere, unchecked, at most once per id (HOLD, the
-        operation Redis applies to the requests a fallback admitted: gateway/hops/backlog.py).
+        operation Redis applies to the requests a fallback admitted: gateway/budgets/backlog.py).
         Here: the shared store's admission of this process's request, so a fallback starts
         with it in flight."""
         if rid in self._records or rid in self._settled:
