@@ -35,7 +35,7 @@ a price (403 ``model_not_priced``: it could spend unmetered), and may not use th
 paths (``/v1/*`` that are no model call: nothing meters them) unless it is an admin key — 403
 ``budget_passthrough``; reading or cancelling a stored response (docs/spec.md §22) spends
 nothing and stays open, and files, uploads, batches and Anthropic message batches are metered
-per batch (:mod:`gateway.stateful.metering`, docs/spec.md §24).
+per batch (:mod:`gateway.budgets.metering`, gateway/stateful/batch_checks.py, docs/spec.md §24).
 
 The tenant names the cache scope (docs/spec.md §10), the ``gateway.tenant`` span attribute, the
 access log's ``tenant``, the cost metric and the live view's records.
@@ -59,14 +59,14 @@ from gateway.budgets.limits import (
     Allowance,
     Budget,
     Limits,
-    MemoryLimits,
-    RedisLimits,
     Spent,
     Verdict,
     new_rid,
     reset_text,
     spend_key,
 )
+from gateway.budgets.memory_limits import MemoryLimits
+from gateway.budgets.redis_limits import RedisLimits
 from gateway.budgets.spend import PERIOD_TEXT, Prices, cost, estimate, nano, unreported, usd_text
 from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
 from gateway.context import Call, RequestContext

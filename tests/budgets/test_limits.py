@@ -17,14 +17,15 @@ from gateway.budgets.limits import (
     WINDOW_S,
     Allowance,
     Budget,
-    MemoryLimits,
-    RedisLimits,
     Spent,
     check_gcra,
     debit_gcra,
     spend_key,
 )
-from gateway.budgets.reservations import ADMIT_LUA, RESERVE_TTL_S
+from gateway.budgets.memory_limits import MemoryLimits
+from gateway.budgets.redis_limits import RedisLimits
+from gateway.budgets.reservations import RESERVE_TTL_S
+from gateway.budgets.scripts import ADMIT_LUA
 from gateway.budgets.spend import PERIOD_CODES, period_bounds
 from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer

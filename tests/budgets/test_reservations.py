@@ -17,7 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.budgets.limits import Allowance, Budget, MemoryLimits, RedisLimits, Spent, spend_key
+from gateway.budgets.limits import Allowance, Budget, Spent, spend_key
+from gateway.budgets.memory_limits import MemoryLimits
+from gateway.budgets.redis_limits import RedisLimits
 from gateway.budgets.reservations import (
     ADMIT,
     EXPIRE,
@@ -102,7 +104,7 @@ def test_a_dead_replicas_reservation_expires_while_another_keeps_the_budget_busy
             assert rows[0][1:3] == (8 * USD // 100, 0)  # the dead one's $0.30 is released
         finally:
             await live.aclose()
-            await dead._client.aclose()
+            await dead.client.aclose()
 
     asyncio.run(scenario())
     assert stored(redis, a.key_budget) == (8 * USD // 100, 0)
@@ -367,7 +369,7 @@ def test_a_dead_replicas_reservation_is_released_after_the_budget_was_idle(redis
             assert (await live.admit(a, 0, 8 * USD // 10, "next")).allowed
         finally:
             await live.aclose()
-            await dead._client.aclose()
+            await dead.client.aclose()
 
     asyncio.run(scenario())
 
