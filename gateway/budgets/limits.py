@@ -254,8 +254,19 @@ class Limits(Protocol):
         under the request's id ``rid`` (at most once per id)."""
         ...
 
+    def admit_now(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict | None:
+        """:meth:`admit` without waiting, when the store decides in this process (the request
+        path then creates no coroutine); None: this store waits for its answer -- await
+        :meth:`admit`."""
+        ...
+
     async def settle(self, a: Allowance, spent: Spent) -> None:
         """Replace a request's reservation with what it really used (at most once per id)."""
+        ...
+
+    def settle_now(self, a: Allowance, spent: Spent) -> bool:
+        """:meth:`settle` without waiting, when the store keeps its state in this process;
+        False: nothing was done -- await :meth:`settle`."""
         ...
 
     def view(self, budget: Budget) -> tuple[int, int, int, int]:
@@ -277,8 +288,6 @@ class Spent:
     tokens: int
     reserved_cost: int
     cost: int
-    #: the reservation was made in the shared store
-    shared: bool = False
     #: the request's reservation id ('' : it reserved nothing; its settlement gets one)
     rid: str = ""
 

@@ -185,13 +185,13 @@ class MemoryLimits:
         record = self._records.get(rid)
         return dict(record[3]) if record is not None else None
 
-    def settle_now(self, a: Allowance, spent: Spent) -> None:
+    def settle_now(self, a: Allowance, spent: Spent) -> bool:
         record = self._records.pop(spent.rid, None) if spent.rid else None
         settled = spent.rid in self._settled
         state_was = record[0] if record is not None else (SETTLED if settled else None)
         new, release, spend, _ = step(state_was, SETTLE)
         if not (release or spend):
-            return  # settled before: at most once
+            return True  # settled before: at most once
         held_tokens = record[2] if record is not None else 0
         delta = spent.tokens - held_tokens
         if a.tpm and delta:
@@ -214,6 +214,7 @@ class MemoryLimits:
                     state.spent += spent.cost
         if spent.rid:  # a late admission of it reserves nothing (as the scripts' record)
             remember(self._settled, spent.rid, new == SETTLED, _MEMORY_MAX)
+        return True
 
     def observe(self, b: Budget, start: int, spent: int) -> None:
         """What the shared store says a budget has spent (where a fallback starts from)."""

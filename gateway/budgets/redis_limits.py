@@ -153,6 +153,14 @@ class RedisLimits(GuardedRedis):
     def _keys(self, a: Allowance, rid: str) -> tuple[bytes, ...]:
         return (*a.script_keys, (a.record_prefix + rid).encode())
 
+    def admit_now(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> None:
+        """Redis decides: await :meth:`admit`."""
+        return None
+
+    def settle_now(self, a: Allowance, spent: Spent) -> bool:
+        """Redis is told: await :meth:`settle`."""
+        return False
+
     async def admit(self, a: Allowance, tokens: int, cost: int, rid: str = "") -> Verdict:
         metered = bool(rid) and bool(tokens or cost)
         if self._backlog.behind and not await self._backlog.catch_up():

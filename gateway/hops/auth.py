@@ -49,7 +49,6 @@ import hashlib
 import hmac
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -74,6 +73,7 @@ from gateway.errors import Forbidden, RateLimited, Unauthorized
 from gateway.hops.ownership import response_path_id
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
+from gateway.store.connect import shared_redis
 
 log = logging.getLogger("gateway.auth")
 
@@ -223,12 +223,11 @@ class Auth:
                 )
             model_call = not passthrough and ctx.method == "POST" and ctx.path in BY_PATH
             if entry.metered and model_call:
-                ctx.answer.reserved_shared = None  # admit() is due once the body is parsed
+                ctx.answer.admission_due = True  # admit() once the body is parsed
             elif entry.limited:
                 limits = self.limits
-                if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
-                    verdict = limits.admit_now(entry.allowance, 0, 0)
-                else:
+                verdict = limits.admit_now(entry.allowance, 0, 0)  # per process: no coroutine
+                if verdict is None:
                     verdict = await limits.admit(entry.allowance, 0, 0)
                 _admitted(ctx, entry, verdict, 0, 0)
         finally:
@@ -238,10 +237,10 @@ class Auth:
         """A model call's limits once its body is parsed: budgets, tpm and rpm in one step,
         reserving its worst case (docs/spec.md §20). ``upstream``: it may go upstream (a cache
         hit reserves nothing)."""
-        entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or not entry.metered:
+        entry = self._entry(ctx)
+        if entry is None or not entry.metered:
             return
-        ctx.answer.reserved_shared = False  # admitted (below) or refused: no longer due
+        ctx.answer.admission_due = False  # admitted (below) or refused: no longer due
         tokens = reserve = 0
         if upstream:
             api = BY_PATH[call.path]
@@ -262,37 +261,38 @@ class Auth:
                 reserve = price.reserve_nano(most_in, most_out)
         limits = self.limits
         rid = new_rid() if tokens or reserve else ""
-        if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
-            verdict = limits.admit_now(entry.allowance, tokens, reserve, rid)
-        else:
+        verdict = limits.admit_now(entry.allowance, tokens, reserve, rid)  # no coroutine
+        if verdict is None:
             verdict = await limits.admit(entry.allowance, tokens, reserve, rid)
         _admitted(ctx, entry, verdict, tokens, reserve)
         answer = ctx.answer
         answer.reserved_tokens = tokens
         answer.reserved_nano = reserve
-        answer.reserved_shared = verdict.shared
         answer.reservation = rid
 
     async def admit_batch(self, ctx: RequestContext, worst_nano: int) -> None:
         """A batch's worst case against the caller's budgets (docs/spec.md §24): 429
         ``budget_exceeded`` when it does not fit what is left; nothing stays reserved."""
-        entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or not entry.budgeted:
+        entry = self._entry(ctx)
+        if entry is None or not entry.budgeted:
             return
         rid = new_rid()
         verdict = await self.limits.admit(entry.budgets_only, 0, worst_nano, rid)
         if not verdict.allowed:
             raise _over_budget(verdict, [], worst_nano)
-        await self.limits.settle(
-            entry.budgets_only, Spent(0, 0, worst_nano, 0, verdict.shared, rid)
-        )
+        await self.limits.settle(entry.budgets_only, Spent(0, 0, worst_nano, 0, rid=rid))
 
     async def debit_batch(self, ctx: RequestContext, rid: str, cost_nano: int) -> None:
         """A batch's cost, read from its results, debited from the caller's budgets under
         ``rid`` (derived from the batch: applied at most once, docs/spec.md §24)."""
-        entry = ctx.limit_key
-        if isinstance(entry, KeyEntry) and entry.budgeted and cost_nano > 0:
-            await self.limits.settle(entry.budgets_only, Spent(0, 0, 0, cost_nano, False, rid))
+        entry = self._entry(ctx)
+        if entry is not None and entry.budgeted and cost_nano > 0:
+            await self.limits.settle(entry.budgets_only, Spent(0, 0, 0, cost_nano, rid=rid))
+
+    def _entry(self, ctx: RequestContext) -> KeyEntry | None:
+        """The entry of the key the request was identified by (None: auth off)."""
+        key = ctx.limit_key
+        return None if key is None else self._keys[key.digest]
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:
@@ -309,10 +309,10 @@ class Auth:
 
     def finished(self, ctx: RequestContext, _edges: object = None) -> None:
         """A telemetry sink: replace the request's reservation with what it really used."""
-        entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or not entry.metered:
+        entry = self._entry(ctx)
+        if entry is None or not entry.metered:
             return
-        if ctx.answer.reserved_shared is None and ctx.call is not None and not self._unchecked:
+        if ctx.answer.admission_due and ctx.call is not None and not self._unchecked:
             self._unchecked = True  # the request path never called admit(): say so, once
             log.error(
                 "auth: a model call of a key with tpm or a budget went through without "
@@ -325,8 +325,7 @@ class Auth:
         if not (spent.tokens or spent.cost or spent.reserved_tokens or spent.reserved_cost):
             return
         limits = self.limits
-        if isinstance(limits, MemoryLimits):
-            limits.settle_now(entry.allowance, spent)
+        if limits.settle_now(entry.allowance, spent):  # per process: no coroutine
             return
         task = asyncio.get_running_loop().create_task(limits.settle(entry.allowance, spent))
         self._pending.add(task)
@@ -368,14 +367,7 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
     """What a finished request reserved and really used (docs/spec.md §20): nothing for a
     cache hit; its usage and cost; its reservation when it completed without telling usage."""
     answer = ctx.answer
-    spent = Spent(
-        answer.reserved_tokens,
-        0,
-        answer.reserved_nano,
-        0,
-        bool(answer.reserved_shared),
-        answer.reservation,
-    )
+    spent = Spent(answer.reserved_tokens, 0, answer.reserved_nano, 0, answer.reservation)
     if ctx.cache.result == "hit":
         return spent
     usage = answer.tokens
@@ -492,7 +484,8 @@ def _over_budget(v: Verdict, headers: list[tuple[bytes, bytes]], reserve: int) -
 
 def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth:
     """The hop for a config: limits in Redis when one is named (``auth.redis_url``, else the
-    ``[cache]`` Redis), else per process."""
+    ``[cache]`` Redis), else per process. Each limiter command waits at most
+    ``auth.timeout_ms``, whichever Redis it is."""
     cfg = config.auth
     prices = Prices(config.prices)
     if cfg.mode == "off":
@@ -500,15 +493,10 @@ def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth
     budgets = any(k.budget_usd for k in cfg.keys) or any(t.budget_usd for t in cfg.tenants)
     if not budgets and not any(k.rpm or k.tpm for k in cfg.keys):
         return Auth(cfg, prices=prices)
-    env = os.environ if environ is None else environ
-    url, password, cluster = cfg.redis_url, None, False
-    if url is None and config.cache.backend == "redis":
-        url, cluster = config.cache.url, config.cache.cluster
-        if config.cache.password_env:
-            password = env.get(config.cache.password_env)
-    if url is None:
+    redis = shared_redis(config, environ)
+    if redis is None:
         return Auth(cfg, prices=prices)
-    limits = RedisLimits(url, cfg.timeout_ms, password=password, cluster=cluster)
+    limits = RedisLimits(redis.url, cfg.timeout_ms, password=redis.password, cluster=redis.cluster)
     return Auth(cfg, limits, prices)
 
 
