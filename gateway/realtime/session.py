@@ -43,9 +43,9 @@ from gateway.errors import (
 from gateway.hops.auth import KeyEntry
 from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
+from gateway.realtime.client_end import CLIENT_END, ClientEnd
 from gateway.realtime.events import ModelResponse, OnDone, Responses
 from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
-from gateway.realtime.server_protocol import CLIENT_END, RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
 from gateway.realtime.upstream import Handshake, UpstreamSocket
 from gateway.runtime import Runtime
@@ -141,7 +141,7 @@ class LiveSession:
         self.done: deque[ModelResponse] = deque(maxlen=RESPONSES_KEPT)
         #: the server is shutting down: close once no response is in progress
         self.draining = False
-        self._server: RealtimeWebSocketProtocol | None = None
+        self._server: ClientEnd | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def attach(self, relay: Relay, rt: Runtime, server: object) -> None:
@@ -150,7 +150,7 @@ class LiveSession:
         connection, when it is the gateway's own protocol) shuts down."""
         self.relay = relay
         rt.sessions[id(self)] = self
-        if isinstance(server, RealtimeWebSocketProtocol):
+        if isinstance(server, ClientEnd):
             server.drain = partial(self.drain, rt.config.server.shutdown_grace_s)
             self._server = server
 
@@ -223,11 +223,11 @@ class LiveSession:
         }
 
 
-def _server_end(connect: Message) -> RealtimeWebSocketProtocol | None:
+def _server_end(connect: Message) -> ClientEnd | None:
     """The gateway's own server offers its end of the connection in ``websocket.connect``: the
     relay's direct path and the session's drain register there."""
     end = connect.get(CLIENT_END)
-    return end if isinstance(end, RealtimeWebSocketProtocol) else None
+    return end if isinstance(end, ClientEnd) else None
 
 
 class Realtime:
