@@ -1,5 +1,7 @@
 """Realtime over WebSocket: ``GET /v1/realtime`` sessions relayed to a model (docs/spec.md §19).
 
+- :mod:`.upgrade`: what the app does with a WebSocket scope (``/v1/realtime`` to the sessions,
+  any other handshake refused as HTTP);
 - :mod:`.session`: one session end to end (the hops before the upgrade, accept, relay, telemetry);
 - :mod:`.upstream`: the upstream socket (``websockets``' client, or the in-process mock) and the
   handshake's attempts, retries and fallback;
