@@ -69,8 +69,8 @@ from gateway.hops.upstream import (
 )
 from gateway.mock.engine import MockSettings
 from gateway.mock.realtime import MockRealtime, handshake_refusal
+from gateway.realtime.client_end import Take
 from gateway.realtime.frames import BINARY, CONT, PONG, TEXT, Reassembly
-from gateway.realtime.server_protocol import Take
 from gateway.routes import Backend
 
 Message = str | bytes
