@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from gateway.attempts import open_attempt
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
@@ -51,10 +52,10 @@ def rpc_error(rid: Any, code: int, message: str, data: dict[str, Any] | None = N
 
 
 def start_attempt(ctx: RequestContext, up: McpUpstream, span_id: int, method: str) -> Attempt:
-    """An upstream exchange, timed like a model call's attempt; ``method``: what it carries
-    when it is not the client's own request (a handshake ``/mcp`` makes on its own)."""
-    attempt = Attempt(up.backend, len(ctx.attempts) + 1, span_id)
-    ctx.attempts.append(attempt)
+    """An upstream exchange, opened as a model call's attempt is (:func:`open_attempt`; one
+    request may make several: they are numbered in order); ``method``: what it carries when it
+    is not the client's own request (a handshake ``/mcp`` makes on its own)."""
+    attempt = open_attempt(ctx, up.backend, len(ctx.attempts) + 1, span_id)
     facts = ctx.mcp
     if facts is not None and method != facts.get("method"):
         facts.setdefault("methods", {})[span_id] = method

@@ -40,7 +40,7 @@ the server's drain          1012 "service restart"           1012 "service resta
 
 Each message is written as soon as it is read, never batched. A slow reader slows its sender:
 the server stops reading the client's socket while a client message waits, ``websockets`` the
-upstream's beyond :data:`~gateway.realtime.upstream.UPSTREAM_QUEUE` waiting messages; each
+upstream's beyond :data:`~gateway.realtime.upstream_socket.UPSTREAM_QUEUE` waiting messages; each
 pump writes the next message only once the last one is written. Pings are answered per hop by
 the libraries and never relayed. Per message, the relay stamps where it was read (the socket
 read that completed it) and where it was written: the per-frame overhead,
@@ -58,7 +58,7 @@ from typing import Any
 
 from gateway.realtime.events import Responses
 from gateway.realtime.server_protocol import READ_AT, RealtimeWebSocketProtocol
-from gateway.realtime.upstream import Closed, UpstreamSocket, WebSocketsSocket
+from gateway.realtime.upstream_socket import Closed, UpstreamSocket, WebSocketsSocket
 from gateway.types import Receive, Send
 
 #: observes one message's overhead (seconds)

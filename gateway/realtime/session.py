@@ -44,10 +44,11 @@ from gateway.hops.auth import KeyEntry
 from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.events import ModelResponse, OnDone, Responses
+from gateway.realtime.handshake import Handshake
 from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
 from gateway.realtime.server_protocol import CLIENT_END, RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
-from gateway.realtime.upstream import Handshake, UpstreamSocket
+from gateway.realtime.upstream_socket import UpstreamSocket
 from gateway.runtime import Runtime
 from gateway.telemetry.logs import line
 from gateway.telemetry.server_timing import edge_intervals
