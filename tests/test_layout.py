@@ -26,7 +26,6 @@ OVER_MODULE_CAP = frozenset(
         "gateway/hops/limits.py",
         "gateway/http1.py",
         "gateway/realtime/server_protocol.py",
-        "gateway/telemetry/metrics.py",
     }
 )
 
