@@ -8,9 +8,9 @@ import ipaddress
 
 from gateway.config.accounts import AuthConfig, PriceConfig
 from gateway.config.backends import BackendConfig, RouteConfig, split_url
-from gateway.config.errors import KeyPathErrors
 from gateway.config.features import CacheConfig, McpServerConfig
-from gateway.config.network import EdgeConfig, ServerConfig
+from gateway.config.key_paths import KeyPathErrors
+from gateway.config.listening import EdgeConfig, ServerConfig
 from gateway.config.observability import TracingConfig, UiConfig
 from gateway.config.root import Config
 from gateway.origins import check_entries

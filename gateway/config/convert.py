@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from gateway.config.errors import key_path
+from gateway.config.key_paths import key_path
 from gateway.config.overrides import EnvValue, parse_env_list
 
 #: a value that could not be converted (its problem already recorded)

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.config.checks import validate
 from gateway.config.convert import build
-from gateway.config.errors import ConfigError, key_path
+from gateway.config.key_paths import ConfigError, key_path
 from gateway.config.overrides import apply_env
 from gateway.config.root import Config
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gateway.config.accounts import AuthConfig, PriceConfig
 from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
-from gateway.config.network import EdgeConfig, ServerConfig
+from gateway.config.listening import EdgeConfig, ServerConfig
 from gateway.config.observability import LoggingConfig, MetricsConfig, TracingConfig, UiConfig
 
 

@@ -27,7 +27,7 @@ from gateway.attempts import open_attempt
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
-from gateway.mcp.upstream import McpUpstream
+from gateway.mcp.servers import McpUpstream
 from gateway.streaming.bodies import upstream_answered, upstream_finished
 from gateway.streaming.sse import SSEParser, event_data
 from gateway.transports import UpstreamResponse
@@ -221,7 +221,7 @@ def client_headers(resp: UpstreamResponse, session_id: str | None) -> RawHeaders
     return out
 
 
-class Relay:
+class AnswerRelay:
     """Relays one upstream answer to the client, noting its outcome on ``ctx.mcp`` and
     dropping from every result that carries tools the ones ``keep`` refuses."""
 
@@ -328,7 +328,7 @@ class Relay:
         await self.out.body(event)
 
 
-async def bounded(up: McpUpstream, work: Any, relay: Relay | None = None) -> Any:
+async def bounded(up: McpUpstream, work: Any, relay: AnswerRelay | None = None) -> Any:
     """``work`` within the server's ``timeout_s``. Past it before any answer: 504; in the
     middle of a stream: the stream ends with a JSON-RPC error answer (``-32001``)."""
     try:
@@ -352,8 +352,8 @@ __all__ = [
     "DENIED",
     "SSE",
     "TIMED_OUT",
+    "AnswerRelay",
     "Keep",
-    "Relay",
     "answer_message",
     "bounded",
     "keep_tools",

@@ -24,7 +24,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.hops.balance import LeastOutstanding, Weighted
-from gateway.hops.edge import Edge
+from gateway.hops.edge import RequestEdge
 from gateway.hops.health import BUDGET_FLOOR_PER_S, CONNECTION_FAILED, SUCCESS, Health, Window
 from gateway.hops.upstream import Upstream
 from gateway.routes import Backend, Route
@@ -98,7 +98,7 @@ def context() -> RequestContext:
         "headers": [],
         "client": ("127.0.0.1", 1),
     }
-    return Edge(EdgeConfig()).accept(scope)
+    return RequestEdge(EdgeConfig()).accept(scope)
 
 
 class Clock:
