@@ -20,7 +20,7 @@ from gateway.config import Config, load_config
 from gateway.live.view import LiveView
 from gateway.mcp.endpoint import McpEndpoints
 from gateway.pipeline import model_call
-from gateway.realtime.session import Realtime, refuse_upgrade
+from gateway.realtime.upgrade import RealtimeEndpoint
 from gateway.runtime import Endpoint, Runtime, build_runtime
 from gateway.target import canonical_scope
 from gateway.telemetry.tracing import Tracing
@@ -43,8 +43,8 @@ class Gateway:
         self.config = config
         #: built by the lifespan's startup; None until then (and after shutdown)
         self.runtime: Runtime | None = None
-        #: realtime sessions of the runtime (made by the first one)
-        self._realtime: Realtime | None = None
+        #: WebSocket handshakes: /v1/realtime sessions (docs/spec.md §19), others refused
+        self._realtime = RealtimeEndpoint(config.realtime)
         self._endpoints: dict[str, Endpoint] = {
             "/v1/chat/completions": _model_or_passthrough,
             "/v1/completions": _model_or_passthrough,
@@ -85,19 +85,7 @@ class Gateway:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "websocket":
-            await self._websocket(scope, receive, send)
-
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``GET /v1/realtime`` sessions (docs/spec.md §19); an upgrade anywhere else is refused
-        with 426 before any upgrade, so a client falls back to HTTP as it does against OpenAI."""
-        rt = self.runtime
-        if rt is None or scope["path"] != "/v1/realtime" or not self.config.realtime.enabled:
-            await refuse_upgrade(scope, receive, send, rt is not None, self.config.realtime.enabled)
-            return
-        realtime = self._realtime
-        if realtime is None or realtime.rt is not rt:  # one per runtime, made on first use
-            realtime = self._realtime = Realtime(rt)
-        await realtime(scope, receive, send)
+            await self._realtime(self.runtime, scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -146,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
             os.environ[f"GATEWAY__SERVER__{key}"] = str(value)
     config = _load_or_exit(None)
     from gateway.live.sign_in import ensure_secret
-    from gateway.server import serve  # the server: the client guards, the SIGTERM drain
+    from gateway.server.process import serve  # the server: the client guards, the SIGTERM drain
 
     ensure_secret(os.environ)  # the live view's sessions hold in every worker (docs/spec.md §18)
     return serve(config)

@@ -18,7 +18,7 @@ Points (Envoy's names in brackets), ``time.perf_counter()`` seconds, ``None`` un
     done                [DS_TX_END]  the last byte handed to the client transport
 
 The points sit at the sockets (docs/architecture.md, "The Timeline"): ``received`` is stamped by the
-server protocol (:class:`gateway.http1.Http1Protocol`) under :data:`RECEIVED_AT` in
+server protocol (:class:`gateway.server.http1.Http1Protocol`) under :data:`RECEIVED_AT` in
 the ASGI scope, before any parsing or queueing; the upstream points by the transport, at its
 socket (an attempt's ``start`` is when its connection was being opened, or on a pooled one
 when the request's last byte was written; its ``end`` when the answer's last byte was read). So

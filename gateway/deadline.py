@@ -1,9 +1,9 @@
 """A timeout over a stretch of time that keeps starting again, on one timer handle.
 
-The gateway watches three such stretches: a client's request head and the gaps between the
-reads of its body (the client guards, ``gateway/server.py``), each wait for an upstream's answer
-(the HTTP/1.1 client's read timeout, ``gateway/transports/http1_client_connection.py``), and
-the gap between two events of a stream (the SSE relay's idle timeout,
+The gateway watches three such stretches: a client's request head and the gaps between the reads
+of its body (the client guards, ``gateway/server/http1_guards.py``), each wait for an upstream's
+answer (the HTTP/1.1 client's read timeout, ``gateway/transports/http1_client_connection.py``),
+and the gap between two events of a stream (the SSE relay's idle timeout,
 ``gateway/streaming/relay.py``). Each stretch starts again far more often than it times out —
 every chunk, every event, every request — and ``asyncio.timeout`` rescheduled per chunk makes
 and cancels a timer handle each time (and calls ``asyncio.get_running_loop``, a ``getpid``

@@ -109,8 +109,8 @@ def is_canonical(path: bytes) -> bool:
 
 
 def canonical_scope(scope: Mapping[str, Any]) -> bool:
-    """Whether an ASGI scope holds a canonical target as gateway/http1.py and
-    gateway/realtime/server_protocol.py write it: ``path`` and ``raw_path`` one canonical
+    """Whether an ASGI scope holds a canonical target as gateway/server/http1.py and
+    gateway/server/websocket.py write it: ``path`` and ``raw_path`` one canonical
     spelling (a scope from another server holds the decoded path and the raw one).
 
     >>> canonical_scope({"path": "/v1/files", "raw_path": b"/v1/files"})

@@ -25,7 +25,8 @@ import uvicorn
 
 from gateway.app import Gateway
 from gateway.config import Config, load_config
-from gateway.server import Server, bind, edge_for
+from gateway.server.process import Server, bind
+from gateway.server.state import server_state
 
 
 def free_port() -> int:
@@ -87,16 +88,16 @@ class ThreadedServer:
 
 
 class GatewayServer:
-    """The gateway on the server ``gateway serve`` runs (gateway/server.py's :class:`Server`
-    and its HTTP/1.1 protocol, gateway/http1.py: client timeouts and limits, the socket
-    ``received`` stamp, one write per response), in a thread: no signal handlers there, and
-    :meth:`stop` is the SIGTERM drain."""
+    """The gateway on the server ``gateway serve`` runs (gateway/server/process.py's
+    :class:`Server` and its HTTP/1.1 protocol, gateway/server/http1.py: client timeouts and
+    limits, the socket ``received`` stamp, one write per response), in a thread: no signal
+    handlers there, and :meth:`stop` is the SIGTERM drain."""
 
     def __init__(self, config: Config, grace_s: float = 2.0) -> None:
         self.app = Gateway(config)
         self.sock = bind("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
-        self.server = Server(edge_for(config, self.app), self.sock, grace_s)
+        self.server = Server(server_state(config, self.app), self.sock, grace_s)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

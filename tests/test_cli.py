@@ -110,8 +110,8 @@ def test_serve_embedded_default_with_env_port_override(tmp_path):
         assert ready["status"] == "ready" and ready["config"] == "<embedded default>"
     finally:
         output = proc.stop()
-    # SIGTERM is a graceful drain, not an error: exit status 0 (gateway.server; a server that
-    # re-raises the signal after the drain ends the process with -15)
+    # SIGTERM is a graceful drain, not an error: exit status 0 (gateway.server.process; a server
+    # that re-raises the signal after the drain ends the process with -15)
     assert "gateway: application shutdown complete" in output
     assert proc.proc.returncode == 0
 

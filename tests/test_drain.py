@@ -1,6 +1,6 @@
 """SIGTERM is a graceful drain (SPEC §13): the gateway stops accepting, the stream in flight
 finishes, its span is flushed to the collector, and the process exits 0 — with one worker and
-with two (gateway/supervisor.py; there every worker drains its own streams, and none is left
+with two (gateway/server/supervisor.py; there every worker drains its own streams, and none is left
 behind). The gateway runs as `python -m gateway.cli serve`."""
 
 from __future__ import annotations

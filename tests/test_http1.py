@@ -1,7 +1,7 @@
-"""gateway/http1.py, the HTTP/1.1 server edge, on real sockets under gateway/server.py's
-Server with a bare ASGI app: keep-alive, pipelining served in order, HEAD, request bodies
-(content-length and chunked), ``Expect: 100-continue``, chunked answers, the head's caps, a
-client that goes away."""
+"""gateway/server/http1.py, the HTTP/1.1 server protocol, on real sockets under
+gateway/server/process.py's Server with a bare ASGI app: keep-alive, pipelining served in order,
+HEAD, request bodies (content-length and chunked), ``Expect: 100-continue``, chunked answers,
+the head's caps, a client that goes away."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.http1 import Edge
-from gateway.server import Server, bind
+from gateway.server.process import Server, bind
+from gateway.server.state import ServerState
 from tests.gateway_process import Answer, read_answer
 from tests.support import until
 
@@ -71,7 +71,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Server]:
     sock = bind("127.0.0.1", 0)
-    server = Server(Edge(app), sock, grace_s=2.0)
+    server = Server(ServerState(app), sock, grace_s=2.0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -237,7 +237,7 @@ def test_a_whole_answer_is_one_write_and_a_lone_head_leaves_when_the_step_ends(f
     own, the body's write takes it (held even across a step); without it, a head no body
     follows in the same step goes out alone when the step ends, and the body after it."""
     from gateway.context import BODY_FOLLOWS
-    from gateway.http1 import Http1Protocol
+    from gateway.server.http1 import Http1Protocol
 
     async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()
@@ -254,10 +254,10 @@ def test_a_whole_answer_is_one_write_and_a_lone_head_leaves_when_the_step_ends(f
 
     async def scenario() -> list[bytes]:
         wire = _Wire()
-        conn = Http1Protocol(Edge(answer), asyncio.get_running_loop())
+        conn = Http1Protocol(ServerState(answer), asyncio.get_running_loop())
         conn.connection_made(wire)  # type: ignore[arg-type]
         conn.data_received(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
-        await until(lambda: conn.edge.total_requests == 1, "answered")
+        await until(lambda: conn.server_state.total_requests == 1, "answered")
         return wire.writes
 
     writes = asyncio.run(scenario())

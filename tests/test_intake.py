@@ -1,6 +1,6 @@
-"""The edge's rules on a request head (docs/spec.md §25, gateway/intake.py), over real sockets: the
-canonical target in several spellings per class, a head that never ends, Host, TRACE, and the
-lingering close after an early answer.
+"""The server's rules on a request head (docs/spec.md §25, gateway/server/intake.py), over real
+sockets: the canonical target in several spellings per class, a head that never ends, Host,
+TRACE, and the lingering close after an early answer.
 
 The upstream is a real server that records every request it receives (its base path is
 ``/base/v1``), so "refused" means it saw nothing and "canonical" means it saw exactly that.

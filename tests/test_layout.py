@@ -17,7 +17,7 @@ import gateway
 PACKAGE = Path(gateway.__file__).parent
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_LINES = 250
-MAX_APP_LINES = 155
+MAX_APP_LINES = 150
 MAX_MODULE_LINES = 600
 #: Modules still over MAX_MODULE_LINES, to be split along their own sections. The list only
 #: shrinks and must reach empty: a module not on it may not pass the cap, and a module on it that
@@ -25,8 +25,6 @@ MAX_MODULE_LINES = 600
 OVER_MODULE_CAP = frozenset(
     {
         "gateway/hops/limits.py",
-        "gateway/http1.py",
-        "gateway/realtime/server_protocol.py",
     }
 )
 

@@ -1,6 +1,6 @@
-"""gateway/server.py: what ``gateway serve`` says at startup (docs/spec.md §3: "serving on" only
-once bound, a port in use as one line and a failed exit, the warning for a key anyone on the
-network could spend) and the client guards' states on real connections."""
+"""gateway/server/process.py: what ``gateway serve`` says at startup (docs/spec.md §3: "serving
+on" only once bound, a port in use as one line and a failed exit, the warning for a key anyone
+on the network could spend) and the client guards' states on real connections."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.server import STARTUP_FAILURE, Awaiting, Http1Protocol, exposure_warning
+from gateway.server.http1 import Http1Protocol
+from gateway.server.http1_guards import Awaiting
+from gateway.server.process import STARTUP_FAILURE, exposure_warning
 from tests.gateway_process import chat_request, read_answer
 from tests.support import GatewayServer, gateway_cli, gateway_config, until
 
@@ -135,7 +137,7 @@ def test_exposure_warning_table(host: str, extra: str, key_env: bool, warns: boo
 
 def connection_of(gw: GatewayServer, port: int) -> Http1Protocol:
     """The server's protocol object for the client connection from local ``port``."""
-    for proto in gw.server.edge.connections:
+    for proto in gw.server.state.connections:
         if isinstance(proto, Http1Protocol) and proto.client == ("127.0.0.1", port):
             return proto
     raise AssertionError(f"no connection from port {port}")
@@ -153,7 +155,7 @@ def test_the_guards_follow_what_the_client_owes(gateway):
         head, body = request.split(b"\r\n\r\n", 1)
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         local = writer.get_extra_info("sockname")[1]
-        await until(lambda: any(True for _ in gw.server.edge.connections), "accepted")
+        await until(lambda: any(True for _ in gw.server.state.connections), "accepted")
         proto = connection_of(gw, local)
         assert proto.awaiting is Awaiting.HEAD  # from the accept
         writer.write(head + b"\r\n\r\n" + body[:5])

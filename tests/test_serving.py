@@ -1,4 +1,4 @@
-"""gateway/server.py, gateway/supervisor.py, gateway/worker.py: the process around the HTTP/1.1
+"""gateway/server/process.py, supervisor.py, worker.py: the process around the HTTP/1.1
 protocol, on real processes and sockets — SIGINT drains then ends the process by SIGINT, a
 failed startup is exit status 3 (with one process and with workers), ``--workers 2`` serves,
 replaces a worker that died, and its workers end when the supervisor is killed outright; the
@@ -18,8 +18,8 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from gateway.http1 import Edge
-from gateway.server import STARTUP_FAILURE, Lifespan
+from gateway.server.process import STARTUP_FAILURE, Lifespan
+from gateway.server.state import ServerState
 from tests.gateway_process import backend_toml, gateway_process
 from tests.support import WORDS, config_for, free_port, paced_upstream
 from tests.test_drain import ROUTE, children, open_stream, refuses_connections, running
@@ -116,8 +116,8 @@ def test_a_failed_startup_exits_3_and_never_listens():
     out = _run_script(
         f"""
         import socket, sys
-        from gateway.http1 import Edge
-        from gateway.server import Server, bind
+        from gateway.server.process import Server, bind
+        from gateway.server.state import ServerState
 
         async def app(scope, receive, send):
             assert scope["type"] == "lifespan"
@@ -125,7 +125,7 @@ def test_a_failed_startup_exits_3_and_never_listens():
             await send({{"type": "lifespan.startup.failed", "message": "no database"}})
 
         sock = bind("127.0.0.1", {port})
-        status = Server(Edge(app), sock, 1.0).run()
+        status = Server(ServerState(app), sock, 1.0).run()
         try:
             socket.create_connection(("127.0.0.1", {port}), 1).close()
             print("listening")
@@ -147,8 +147,8 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_with_exit_3(tmp_path):
     out = _run_script(
         """
         import sys
-        from gateway.server import bind
-        from gateway.supervisor import Supervisor
+        from gateway.server.process import bind
+        from gateway.server.supervisor import Supervisor
 
         with bind("127.0.0.1", 0) as sock:
             sys.exit(Supervisor(sock, 2).run())
@@ -207,4 +207,4 @@ def test_every_answer_carries_a_current_date_header(gateway):
         time.sleep(1.5)
     assert abs(stamps[0] - time.time()) < 5
     assert stamps[1] > stamps[0]  # set again each second, not frozen at startup
-    assert isinstance(gw.server.edge, Edge)
+    assert isinstance(gw.server.state, ServerState)

@@ -9,7 +9,7 @@
            ╰─────── send ◀── [upstream pump] ◀── recv ─╯                   messages_out
 
 **The direct path** (when both ends are sockets of this process: the client's end is
-:class:`~gateway.realtime.server_protocol.RealtimeWebSocketProtocol`, the upstream a
+:class:`~gateway.server.websocket.RealtimeWebSocketProtocol`, the upstream a
 ``websockets`` connection): each whole message is offered to the relay by the protocol that
 read it, inside its ``data_received``, and written to the other side right there — no queue,
 no task switch, no ASGI message, no text decode/encode. A message takes the pump's way
@@ -56,8 +56,8 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any
 
+from gateway.realtime.client_end import READ_AT, ClientEnd
 from gateway.realtime.events import SessionResponses
-from gateway.realtime.server_protocol import READ_AT, RealtimeWebSocketProtocol
 from gateway.realtime.upstream_socket import Closed, UpstreamSocket, WebSocketsSocket
 from gateway.types import Receive, Send
 
@@ -180,8 +180,8 @@ class _DirectPath:
         "_write_client",
         "_write_up",
     )
-    _client: RealtimeWebSocketProtocol | None
-    _server_end: RealtimeWebSocketProtocol | None
+    _client: ClientEnd | None
+    _server_end: ClientEnd | None
     _direct_up: WebSocketsSocket | None
     _last: float
     _queued_in: int
@@ -212,7 +212,7 @@ class _DirectPath:
         self._direct_up = up
 
     @property
-    def server_end(self) -> RealtimeWebSocketProtocol | None:
+    def server_end(self) -> ClientEnd | None:
         """The server's end of the client connection its protocol offered (None: none)."""
         return self._server_end
 
@@ -281,7 +281,7 @@ class MessageRelay(_DirectPath):
         max_session_s: float,
         observe_in: Observe = _nothing,
         observe_out: Observe = _nothing,
-        server_end: RealtimeWebSocketProtocol | None = None,
+        server_end: ClientEnd | None = None,
     ) -> None:
         self._receive = receive
         #: the server's end of the client connection, as its protocol offered it (None: the
@@ -302,7 +302,7 @@ class MessageRelay(_DirectPath):
             Flow(observe_out, responses.upstream_message, at_write=True),
         )
         #: the direct path's ends (None: the pumps relay every message)
-        self._client: RealtimeWebSocketProtocol | None = None
+        self._client: ClientEnd | None = None
         self._direct_up: WebSocketsSocket | None = None
         self._queued_in = 0
         #: the direct path's writes: (message, is text) -> False when not written now
@@ -351,7 +351,7 @@ class MessageRelay(_DirectPath):
                     await send({"type": "websocket.send", "text": message})
                 else:
                     await send({"type": "websocket.send", "bytes": message})
-            except OSError:  # server_protocol's ClientDisconnected: the client is gone
+            except OSError:  # the server's ClientDisconnected: the client is gone
                 self._client_closed = True
                 return End(BY_CLIENT, 1006, "")
             up.relayed()

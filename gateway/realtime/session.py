@@ -33,21 +33,14 @@ from urllib.parse import parse_qsl
 import orjson
 
 from gateway.context import RECEIVED_AT, Attempt, Call, RequestContext, Usage
-from gateway.errors import (
-    ClientGone,
-    Forbidden,
-    GatewayError,
-    InvalidRequest,
-    NotFound,
-    error_body,
-)
+from gateway.errors import ClientGone, Forbidden, GatewayError, InvalidRequest, NotFound
 from gateway.hops.auth import KeyEntry
 from gateway.hops.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
+from gateway.realtime.client_end import CLIENT_END, ClientEnd
 from gateway.realtime.events import ModelResponse, OnDone, SessionResponses
 from gateway.realtime.handshake import Handshake
 from gateway.realtime.message_relay import BY_SHUTDOWN, BY_UPSTREAM, End, MessageRelay
-from gateway.realtime.server_protocol import CLIENT_END, RealtimeWebSocketProtocol
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
 from gateway.realtime.upstream_socket import UpstreamSocket
 from gateway.runtime import Runtime
@@ -71,7 +64,7 @@ DRAIN_MARGIN_S = 1.0
 DRAIN_ASKED_S = 2.0
 
 
-def _http_send(scope: Scope, send: Send) -> Send:
+def http_send(scope: Scope, send: Send) -> Send:
     """``send`` for answering the handshake as HTTP (the ``websocket.http.response`` extension):
     the response writer's ``http.response.*`` messages, renamed. A server without the
     extension can only refuse: ``websocket.close`` before accepting is a 403."""
@@ -98,35 +91,6 @@ def _http_send(scope: Scope, send: Send) -> Send:
     return translated
 
 
-async def refuse_upgrade(
-    scope: Scope, receive: Receive, send: Send, started: bool, enabled: bool
-) -> None:
-    """Answer a WebSocket handshake the gateway does not take, as HTTP before any upgrade:
-    503 while starting, 404 with ``[realtime] enabled = false``, 426 on any path but
-    ``/v1/realtime`` (the Codex CLI tries one on ``/v1/responses`` first, then falls back to
-    HTTP as it does against OpenAI)."""
-    message = await receive()
-    if message["type"] != "websocket.connect":
-        return
-    if not started:
-        status, kind, code = 503, "service_unavailable", "starting"
-        text = "the gateway is starting"
-    elif scope["path"] != ROUTE:
-        status, kind, code = 426, "invalid_request_error", "upgrade_not_supported"
-        text = f"WebSocket is served on {ROUTE} only; use HTTP here"
-    else:
-        status, kind, code = 404, "not_found_error", "realtime_disabled"
-        text = "realtime sessions are off on this gateway ([realtime] enabled = false)"
-    body = error_body(text, kind, code)
-    out = _http_send(scope, send)
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    try:
-        await out({"type": "http.response.start", "status": status, "headers": headers})
-        await out({"type": "http.response.body", "body": body})
-    except OSError:
-        return
-
-
 class OpenSession:
     """One session as the live view sees it (:class:`gateway.context.LiveSession`): registered
     in ``Runtime.sessions`` while open, its :meth:`summary` set on the context at the end.
@@ -145,7 +109,7 @@ class OpenSession:
         self.done: deque[ModelResponse] = deque(maxlen=RESPONSES_KEPT)
         #: the server is shutting down: close once no response is in progress
         self.draining = False
-        self._server: RealtimeWebSocketProtocol | None = None
+        self._server: ClientEnd | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def attach(self, relay: MessageRelay, rt: Runtime, server: object) -> None:
@@ -154,7 +118,7 @@ class OpenSession:
         connection, when it is the gateway's own protocol) shuts down."""
         self.relay = relay
         rt.sessions[id(self)] = self
-        if isinstance(server, RealtimeWebSocketProtocol):
+        if isinstance(server, ClientEnd):
             server.drain = partial(self.drain, rt.config.server.shutdown_grace_s)
             self._server = server
 
@@ -227,11 +191,11 @@ class OpenSession:
         }
 
 
-def _server_end(connect: Message) -> RealtimeWebSocketProtocol | None:
+def _server_end(connect: Message) -> ClientEnd | None:
     """The gateway's own server offers its end of the connection in ``websocket.connect``: the
     relay's direct path and the session's drain register there."""
     end = connect.get(CLIENT_END)
-    return end if isinstance(end, RealtimeWebSocketProtocol) else None
+    return end if isinstance(end, ClientEnd) else None
 
 
 class Realtime:
@@ -273,7 +237,7 @@ class Realtime:
         offered = _take_key(ctx, scope.get("subprotocols") or ())
         ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))
         self._begin_trace(ctx)
-        out = ResponseWriter(ctx, _http_send(scope, send), rt.telemetry.headers_at_start)
+        out = ResponseWriter(ctx, http_send(scope, send), rt.telemetry.headers_at_start)
         facts = SessionFacts()
         upstream: UpstreamSocket | None = None
         responses = SessionResponses(_guarded(lambda r: self._response_done(ctx, r, live)))
@@ -516,7 +480,7 @@ async def _answer(out: ResponseWriter, exc: GatewayError) -> None:
         return
 
 
-__all__ = ["KEY_SUBPROTOCOL", "Realtime", "refuse_upgrade"]
+__all__ = ["KEY_SUBPROTOCOL", "Realtime", "http_send"]
 
 
 def _log(rt: Runtime, ctx: RequestContext, facts: SessionFacts) -> None:

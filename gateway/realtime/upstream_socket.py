@@ -41,8 +41,8 @@ from websockets.uri import parse_uri
 
 from gateway.mock.engine import MockSettings
 from gateway.mock.realtime import MockRealtime
+from gateway.realtime.client_end import Take
 from gateway.realtime.frames import BINARY, CONT, PONG, TEXT, Reassembly
-from gateway.realtime.server_protocol import Take
 
 Message = str | bytes
 #: the status of an upstream WebSocket whose handshake succeeded (101 Switching Protocols)

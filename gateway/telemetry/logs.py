@@ -49,8 +49,9 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def log_config(cfg: LoggingConfig) -> dict[str, Any]:
     """The ``logging.config.dictConfig`` of a serving process (``gateway serve`` and each worker
-    apply it: :func:`gateway.server.configure_logging`): the gateway's loggers, uvicorn's (its
-    WebSocket protocol logs there) and the root one write to stderr in ``cfg.format``. The
+    apply it: :func:`gateway.server.process.configure_logging`): the gateway's loggers,
+    uvicorn's (its WebSocket protocol logs there) and the root one write to stderr in
+    ``cfg.format``. The
     access log keeps its own stdout handler (:class:`AccessLog`; its lines are JSON objects
     already)."""
     level = cfg.level.upper()

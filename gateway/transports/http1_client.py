@@ -1,5 +1,5 @@
 """The gateway's HTTP/1.1 *client*: a lean pooled upstream transport on asyncio protocols and
-httptools' response parser (the server side is :mod:`gateway.http1`).
+httptools' response parser (the server side is :mod:`gateway.server.http1`).
 
 Why not aiohttp's client: per request it builds a ClientRequest, a ClientResponse, a payload
 object, a timer context and runs its signal machinery; under load that was most of the gateway's

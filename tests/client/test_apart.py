@@ -6,7 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-SERVER_MODULES = ("gateway.cli", "gateway.server", "gateway.app", "gateway.endpoints")
+SERVER_MODULES = (
+    "gateway.cli",
+    "gateway.server.process",
+    "gateway.server.worker",
+    "gateway.app",
+    "gateway.endpoints",
+)
 
 
 def test_the_server_never_imports_the_client_tools():

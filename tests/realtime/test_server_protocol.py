@@ -1,8 +1,9 @@
-"""gateway/realtime/server_protocol.py, the client's WebSocket hop, on real sockets behind
-gateway/http1.py (gateway/server.py's server runs it, as in tests/test_http1.py): the handshake as
-``websockets`` validates it, the ASGI scope and messages, refusals before the accept, 1009 for
-a message over ``max_size`` (fragmented or not), keepalive pings (answered: open; unanswered:
-1011), and the server's shutdown (1012, or the session's own drain)."""
+"""gateway/server/websocket.py, the client's WebSocket hop, on real sockets behind
+gateway/server/http1.py (gateway/server/process.py's server runs it, as in
+tests/test_http1.py): the handshake as ``websockets`` validates it, the ASGI scope and
+messages, refusals before the accept, 1009 for a message over ``max_size`` (fragmented or not),
+keepalive pings (answered: open; unanswered: 1011), and the server's shutdown (1012, or the
+session's own drain)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.context import RECEIVED_AT
-from gateway.http1 import Edge
-from gateway.realtime.server_protocol import CLIENT_END, READ_AT, RealtimeWebSocketProtocol
-from gateway.server import Server, bind
+from gateway.realtime.client_end import CLIENT_END, READ_AT
+from gateway.server.process import Server, bind
+from gateway.server.state import ServerState
+from gateway.server.websocket import RealtimeWebSocketProtocol
 from tests.realtime.test_handshake import run
 
 MAX_SIZE = 1024
@@ -70,13 +72,13 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class Served:
-    """gateway/server.py's server, on its own thread, with WebSocket upgrades on."""
+    """gateway/server/process.py's server, on its own thread, with WebSocket upgrades on."""
 
     def __init__(self) -> None:
         self.sock = bind("127.0.0.1", 0)
         self.port = int(self.sock.getsockname()[1])
-        edge = Edge(app, ws_enabled=True, ws_max_size=MAX_SIZE)
-        self.server = Server(edge, self.sock, grace_s=5.0)
+        state = ServerState(app, ws_enabled=True, ws_max_size=MAX_SIZE)
+        self.server = Server(state, self.sock, grace_s=5.0)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.stopped = False
 

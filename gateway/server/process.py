@@ -2,16 +2,18 @@
 
 No third-party server runs the process. :func:`serve` binds the socket, then (``workers = 1``)
 runs :class:`Server` in this process, or (``workers > 1``) hands the socket to
-:class:`gateway.supervisor.Supervisor`, whose worker processes (:mod:`gateway.worker`) each run
-a :class:`Server` on it. A :class:`Server` is one uvloop event loop:
+:class:`gateway.server.supervisor.Supervisor`, whose worker processes
+(:mod:`gateway.server.worker`) each run a :class:`Server` on it. A :class:`Server` is one uvloop
+event loop:
 
     bind ─▶ lifespan startup ─▶ create_server(sock) ─▶ … serving … ─▶ SIGTERM
          ─▶ stop accepting ─▶ each connection's shutdown() ─▶ wait (≤ shutdown_grace_s)
          ─▶ cancel what is left ─▶ lifespan shutdown ─▶ exit 0
 
-Each client connection is :class:`gateway.http1.Http1Protocol`, built with the
-:class:`~gateway.http1.Edge` all connections of the process share. Nothing runs per request
-here: the one timer of the server sets the ``date`` line again each second.
+Each client connection is served by the protocol :mod:`gateway.server.connections` picks
+(HTTP/1.1: :class:`gateway.server.http1.Http1Protocol`), built with the
+:class:`~gateway.server.state.ServerState` all connections of the process share. Nothing runs
+per request here: the one timer of the server sets the ``date`` line again each second.
 
 What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, §13):
 
@@ -49,50 +51,17 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from gateway.config import Config, is_loopback
-from gateway.http1 import Awaiting, ClientLimits, Edge, Http1Protocol, date_line
-from gateway.origins import OriginPolicy
-from gateway.supervisor import STARTUP_FAILURE, Supervisor
+from gateway.server.connections import protocol_factory
+from gateway.server.state import ServerState, date_line, server_state
+from gateway.server.supervisor import STARTUP_FAILURE, Supervisor
 from gateway.types import ASGIApp
 
-#: an idle kept-alive client connection is closed after this long (uvicorn's default, kept)
-KEEP_ALIVE_S = 5.0
 #: the listen backlog (the kernel caps it at net.core.somaxconn)
 BACKLOG = 4096
 
 #: the gateway's own lines (``serving on``, a port in use, the startup warnings, the lifespan
 #: and the drain), written in ``[logging] format`` to stderr (:func:`serve` applies the config)
 log = logging.getLogger("gateway")
-
-
-def client_limits(config: Config) -> ClientLimits:
-    """The ``[server]`` guards of ``config``."""
-    s = config.server
-    return ClientLimits(
-        s.client_header_timeout_s, s.client_body_timeout_s, s.max_client_connections
-    )
-
-
-def edge_for(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> Edge:
-    """What the connections of a gateway process share: the app, the ``[server]`` guards,
-    WebSocket upgrades (``GET /v1/realtime``, docs/spec.md §19) with frames over ``[realtime]
-    max_message_bytes`` closing the session (1009), the Origin policy (docs/spec.md §25)."""
-    edge = Edge(
-        app,
-        limits=client_limits(config),
-        keep_alive_s=KEEP_ALIVE_S,
-        freeze_gc=freeze_gc,
-        ws_enabled=True,
-        ws_max_size=config.realtime.max_message_bytes,
-        origins=origin_policy(config),
-    )
-    return edge
-
-
-def origin_policy(config: Config) -> OriginPolicy:
-    """``[server] allowed_origins``, with the origins ``[[mcp_servers]]`` list for ``/mcp``
-    (docs/spec.md §25)."""
-    mcp = [origin for server in config.mcp_servers for origin in server.allowed_origins]
-    return OriginPolicy(config.server.allowed_origins, mcp)
 
 
 class Lifespan:
@@ -164,9 +133,14 @@ class Server:
     the supervisor that started this worker (its pipe closes)."""
 
     def __init__(
-        self, edge: Edge, sock: socket.socket, grace_s: float, *, parent_fd: int | None = None
+        self,
+        state: ServerState,
+        sock: socket.socket,
+        grace_s: float,
+        *,
+        parent_fd: int | None = None,
     ) -> None:
-        self.edge = edge
+        self.state = state
         self.sock = sock
         self.grace_s = grace_s
         self.parent_fd = parent_fd
@@ -218,15 +192,15 @@ class Server:
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> int:
         assert self._stop is not None
-        edge = self.edge
-        lifespan = Lifespan(edge.app, edge.state)
+        state = self.state
+        lifespan = Lifespan(state.app, state.lifespan_state)
         if not await lifespan.startup():
             log.error("gateway: application startup failed; exiting")
             return STARTUP_FAILURE
         log.info(f"gateway: application startup complete (process {os.getpid()})")
         if not self._stop.is_set():  # not stopped while it started: listen
             server = await loop.create_server(
-                lambda: Http1Protocol(edge, loop), sock=self.sock, backlog=BACKLOG
+                protocol_factory(state, loop), sock=self.sock, backlog=BACKLOG
             )
             self._tick()
             self.started = True
@@ -241,30 +215,28 @@ class Server:
     async def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
         """Each connection's ``shutdown()`` (idle ones close, busy ones after their answer),
         then wait for connections and request tasks within the grace; cancel what is left."""
-        edge = self.edge
-        for conn in list(edge.connections):
+        state = self.state
+        for conn in list(state.connections):
             conn.shutdown()
         deadline = loop.time() + self.grace_s
         # polled (as uvicorn does), only while draining: the request path notifies nothing
-        while (edge.connections or edge.tasks) and not self._forced and loop.time() < deadline:  # noqa: ASYNC110
+        while (state.connections or state.tasks) and not self._forced and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        left = list(edge.tasks)
+        left = list(state.tasks)
         if left:
             why = "a second SIGINT" if self._forced else "shutdown_grace_s is over"
             log.error(f"gateway: {why}: cancelling {len(left)} request(s) still running")
             for task in left:
                 task.cancel()
             await asyncio.wait(left, timeout=1.0)
-        for conn in list(edge.connections):
-            transport = getattr(conn, "transport", None)
-            if transport is not None:
-                transport.close()
+        for conn in list(state.connections):
+            conn.transport.close()  # registered in connection_made: it has one
 
     def _tick(self) -> None:
         """The ``date`` line, set again at each second's turn (one timer per process)."""
         assert self._loop is not None
         now = time.time()
-        self.edge.date = date_line(now)
+        self.state.date = date_line(now)
         self._clock = self._loop.call_later(1.0 - now % 1.0, self._tick)
 
     def _handle_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
@@ -384,8 +356,8 @@ def serve(config: Config) -> int:
             return Supervisor(sock, server.workers).run()
         from gateway.app import Gateway
 
-        edge = edge_for(config, Gateway(config), freeze_gc=True)
-        runner = Server(edge, sock, server.shutdown_grace_s)
+        state = server_state(config, Gateway(config), freeze_gc=True)
+        runner = Server(state, sock, server.shutdown_grace_s)
         status = runner.run()
     if runner.interrupted:
         end_by_sigint()
@@ -394,19 +366,13 @@ def serve(config: Config) -> int:
 
 __all__ = [
     "BACKLOG",
-    "KEEP_ALIVE_S",
     "STARTUP_FAILURE",
-    "Awaiting",
-    "ClientLimits",
-    "Edge",
-    "Http1Protocol",
     "Lifespan",
     "Server",
     "bind",
-    "client_limits",
     "configure_logging",
-    "edge_for",
     "end_by_sigint",
     "exposure_warning",
+    "live_view_line",
     "serve",
 ]

@@ -1,8 +1,8 @@
-"""What the HTTP/1.1 edge decides about a request head before the app sees it, and the answers it
+"""What the server decides about a request head before the app sees it, and the answers it
 gives itself (docs/spec.md §25).
 
-:class:`gateway.http1.Http1Protocol` reads the head; this module holds the rules it applies once
-the head is in (:func:`admit`):
+:class:`gateway.server.http1.Http1Protocol` reads the head; this module holds the rules it
+applies once the head is in (:func:`admit`):
 
 - the target: its canonical form (:mod:`gateway.target`) becomes ``scope["path"]`` and
   ``scope["raw_path"]`` — the same spelling in both, so no module can pick another — and the
@@ -14,7 +14,7 @@ the head is in (:func:`admit`):
 - ``Origin`` (:mod:`gateway.origins`): a foreign one is 403 ``origin_not_allowed``; an allowed
   one's preflight is answered here (204), and its other answers carry CORS.
 
-Each refusal is an :class:`EdgeAnswer`: a tiny ASGI app the connection runs in the request's
+Each refusal is an :class:`IntakeAnswer`: a tiny ASGI app the connection runs in the request's
 place, so pipelined answers keep their order. A refusal the client may still be sending a body
 to ends in :class:`Lingering`.
 """
@@ -34,9 +34,9 @@ from gateway.origins import OriginPolicy, preflight
 from gateway.target import BadTarget, canonical_path, check_query
 from gateway.types import RawHeaders, Receive, Scope, Send
 
-__all__ = ["NOTED", "EdgeAnswer", "Lingering", "admit", "refusal", "valid_host"]
+__all__ = ["NOTED", "IntakeAnswer", "Lingering", "admit", "refusal", "valid_host"]
 
-#: the request headers the edge reads besides the app (lower-case names)
+#: the request headers the server reads besides the app (lower-case names)
 NOTED = frozenset(
     (
         b"host",
@@ -74,8 +74,8 @@ def valid_host(value: bytes) -> bool:
     return valid
 
 
-class EdgeAnswer:
-    """A whole answer the edge gives itself, as an ASGI app run in the request's place."""
+class IntakeAnswer:
+    """A whole answer the server gives itself, as an ASGI app run in the request's place."""
 
     __slots__ = ("body", "headers", "status")
 
@@ -94,7 +94,7 @@ class EdgeAnswer:
         await send({"type": "http.response.body", "body": self.body})
 
 
-def refusal(status: int, code: str, message: str, *extra: tuple[bytes, bytes]) -> EdgeAnswer:
+def refusal(status: int, code: str, message: str, *extra: tuple[bytes, bytes]) -> IntakeAnswer:
     """A refusal in the OpenAI error shape (docs/spec.md §5).
 
     >>> refusal(405, "method_not_allowed", "no").body
@@ -102,7 +102,7 @@ def refusal(status: int, code: str, message: str, *extra: tuple[bytes, bytes]) -
     """
     body = error_body(message, _TYPES.get(status, "invalid_request_error"), code)
     headers = [(b"content-type", b"application/json"), (b"x-should-retry", b"false"), *extra]
-    return EdgeAnswer(status, headers, body)
+    return IntakeAnswer(status, headers, body)
 
 
 #: a target httptools cannot parse as a URI (an authority-form, ``*``)
@@ -116,9 +116,9 @@ def admit(
     host: bytes | None,
     noted: dict[bytes, bytes] | None,
     origins: OriginPolicy,
-) -> EdgeAnswer | bytes | None:
-    """The edge's verdict on a request head (see the module): None to serve it, the origin to
-    serve it with CORS, or the :class:`EdgeAnswer` to give instead. Sets ``path``,
+) -> IntakeAnswer | bytes | None:
+    """The server's verdict on a request head (see the module): None to serve it, the origin to
+    serve it with CORS, or the :class:`IntakeAnswer` to give instead. Sets ``path``,
     ``raw_path`` and ``query_string`` in ``scope`` (the canonical target)."""
     method: str = scope["method"]
     if method in _NOT_SERVED:
@@ -155,7 +155,7 @@ def _cors(
     method: str,
     noted: dict[bytes, bytes],
     origins: OriginPolicy,
-) -> EdgeAnswer | bytes | None:
+) -> IntakeAnswer | bytes | None:
     origin = noted.get(b"origin")
     if origin is None:
         return None
@@ -167,7 +167,7 @@ def _cors(
             "[server] allowed_origins",
         )
     if method == "OPTIONS" and b"access-control-request-method" in noted:
-        return EdgeAnswer(204, preflight(origin, noted.get(b"access-control-request-headers")))
+        return IntakeAnswer(204, preflight(origin, noted.get(b"access-control-request-headers")))
     return origin
 
 

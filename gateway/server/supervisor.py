@@ -1,16 +1,17 @@
 """``workers > 1``: the parent process of ``gateway serve``, which serves nothing itself.
 
-It binds the socket once (:func:`gateway.server.serve` did) and starts the worker processes
-(``python -m gateway.worker``), each inheriting the bound socket (``pass_fds``) and the
-environment ``gateway serve`` set (the config path and the CLI overrides, the live view's
-secret, the metrics directory made here), and each running a :class:`gateway.server.Server` on
-the socket: the kernel hands each new connection to one of the workers accepting on it.
+It binds the socket once (:func:`gateway.server.process.serve` did) and starts the worker
+processes (``python -m gateway.server.worker``), each inheriting the bound socket
+(``pass_fds``) and the environment ``gateway serve`` set (the config path and the CLI
+overrides, the live view's secret, the metrics directory made here), and each running a
+:class:`gateway.server.process.Server` on the socket: the kernel hands each new connection to
+one of the workers accepting on it.
 
 - SIGTERM or SIGINT: the parent closes its own copy of the socket at once, sends SIGTERM to
   every worker (each drains as a single process does; a Ctrl+C at a terminal reaches the
   workers too, and one SIGINT plus one SIGTERM is still one drain), waits for them and exits 0
-  — or :data:`~gateway.server.STARTUP_FAILURE` when a worker could not start. A second SIGINT
-  is passed on as SIGINT: the workers cancel what is left.
+  — or :data:`STARTUP_FAILURE` when a worker could not start. A second SIGINT is passed on as
+  SIGINT: the workers cancel what is left.
 - a worker whose app could not start (exit status 3) stops them all: a startup that failed once
   fails again. A worker that ends otherwise while nothing asked it to (killed, crashed) is
   replaced by a new one.
@@ -46,7 +47,7 @@ class Supervisor:
         self.sock = sock
         self.count = workers
         #: the worker's command line (tests start a stand-in); the fds are appended to it
-        self.command = command or [sys.executable, "-m", "gateway.worker"]
+        self.command = command or [sys.executable, "-m", "gateway.server.worker"]
         self.workers: list[subprocess.Popen[bytes]] = []
         self.stopping = False
         self.failed = False

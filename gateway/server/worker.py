@@ -1,11 +1,11 @@
-"""One ``--workers`` process: ``python -m gateway.worker --listen-fd N --parent-fd M``.
+"""One ``--workers`` process: ``python -m gateway.server.worker --listen-fd N --parent-fd M``.
 
-Started by :class:`gateway.supervisor.Supervisor` with the socket ``gateway serve`` bound
+Started by :class:`gateway.server.supervisor.Supervisor` with the socket ``gateway serve`` bound
 (``--listen-fd``) and the read end of the supervisor's pipe (``--parent-fd``: it closes when
 the supervisor is gone). The config is loaded the way ``gateway serve`` loaded it, from the
 environment it set (``GATEWAY_CONFIG`` and the ``GATEWAY__…`` overrides); the process then
-serves as a single ``gateway serve`` does (:class:`gateway.server.Server`) and exits 0 after a
-drain, :data:`~gateway.server.STARTUP_FAILURE` when its app could not start.
+serves as a single ``gateway serve`` does (:class:`gateway.server.process.Server`) and exits 0
+after a drain, :data:`~gateway.server.supervisor.STARTUP_FAILURE` when its app could not start.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import logging
 import socket
 from collections.abc import Sequence
 
-from gateway.server import STARTUP_FAILURE, Server, configure_logging, edge_for, end_by_sigint
+from gateway.server.process import Server, configure_logging, end_by_sigint
+from gateway.server.state import server_state
+from gateway.server.supervisor import STARTUP_FAILURE
 
 log = logging.getLogger("gateway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gateway.worker")
+    parser = argparse.ArgumentParser(prog="gateway.server.worker")
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--parent-fd", type=int, required=True)
     args = parser.parse_args(argv)
@@ -31,12 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = load_config()
         configure_logging(config)
-        edge = edge_for(config, Gateway(config), freeze_gc=True)
+        state = server_state(config, Gateway(config), freeze_gc=True)
     except Exception:
         log.exception("gateway: a worker could not start")
         return STARTUP_FAILURE
     sock = socket.socket(fileno=args.listen_fd)
-    server = Server(edge, sock, config.server.shutdown_grace_s, parent_fd=args.parent_fd)
+    server = Server(state, sock, config.server.shutdown_grace_s, parent_fd=args.parent_fd)
     status = server.run()
     if server.interrupted:
         end_by_sigint()
