@@ -35,7 +35,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NoReturn, Protocol, TypeVar
 
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
@@ -294,7 +294,7 @@ class AttemptLoop(Generic[_R, _A]):
             return None
         return hint if hint is not None else backoff(plan.number)
 
-    async def _refuse_redirect(self, answer: _A, attempt: Attempt) -> None:
+    async def _refuse_redirect(self, answer: _A, attempt: Attempt) -> NoReturn:
         await self.let_go(answer, attempt)
         attempt.finished()
         attempt.error = UpstreamError(
