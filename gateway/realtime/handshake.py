@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import orjson
+from websockets.datastructures import Headers
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from gateway.attempts import RETRYABLE_STATUS, AttemptLoop, AttemptPlan, retry_after_seconds
@@ -194,9 +194,11 @@ async def _connect_websockets(
         raise UpstreamConnectError(f"upstream {backend.name} unreachable: {exc}") from exc
 
 
-def _header(headers: Any, name: str) -> str | None:
-    value = headers.get(name) if headers is not None else None
-    return value if isinstance(value, str) else None
+def _header(headers: Headers | None, name: str) -> str | None:
+    """The first value of ``name`` (as :func:`gateway.headers.header_value` reads an HTTP
+    answer's): a repeated header is no error (``Headers.get`` raises on one)."""
+    values = headers.get_all(name) if headers is not None else []
+    return values[0] if values else None
 
 
 async def _connect_mock(

@@ -226,6 +226,16 @@ def test_a_retry_after_beyond_the_cap_moves_to_the_next_backend_at_once(gateway,
     assert len(first.handshakes) == 1 and len(second.handshakes) == 1
 
 
+def test_a_refusal_with_two_retry_after_headers_is_read_by_its_first(gateway, realtime_upstream):
+    """A hostile or broken upstream repeats ``Retry-After``: the first one counts, as for a
+    model call's answer, and the refusal still reaches the client as HTTP."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url, route_extra="retries = 1"))
+    status, body, _ = run(refused(ws_url(gw, "refuse-503-after-0-after-60")))
+    assert status == 503 and body["error"]["code"] == "refused_503"
+    assert len(up.handshakes) == 2  # the first hint (0 s) allowed the retry
+
+
 def test_a_redirect_is_refused_never_followed_nor_retried(gateway, realtime_upstream):
     """Redirects are never followed (docs/spec.md §13), on a WebSocket handshake as on a model
     call: 502 ``upstream_redirect``, and no other attempt."""
