@@ -18,7 +18,7 @@ from gateway import endpoints, stateful
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
 from gateway.live.view import LiveView
-from gateway.mcp.service import McpEndpoints
+from gateway.mcp.endpoint import McpEndpoints
 from gateway.pipeline import model_call
 from gateway.realtime.upgrade import RealtimeEndpoint
 from gateway.runtime import Endpoint, Runtime, build_runtime

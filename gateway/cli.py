@@ -145,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None:
             os.environ[f"GATEWAY__SERVER__{key}"] = str(value)
     config = _load_or_exit(None)
-    from gateway.live.session import ensure_secret
+    from gateway.live.sign_in import ensure_secret
     from gateway.server.process import serve  # the server: the client guards, the SIGTERM drain
 
     ensure_secret(os.environ)  # the live view's sessions hold in every worker (docs/spec.md §18)
@@ -167,7 +167,7 @@ def _mock_upstream(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.mock.engine import MockSettings
-    from gateway.mock.server import create_mock_app
+    from gateway.mock.upstream_app import create_mock_app
 
     settings = MockSettings(
         latency_ms=args.latency_ms, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s

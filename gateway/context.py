@@ -56,9 +56,6 @@ class Timeline:
     auth_done: float | None = None
     routed: float | None = None
     upstream_sent: float | None = None
-    #: read nowhere: each attempt keeps its own first byte (:attr:`Attempt.first_byte`); only
-    #: the realtime upstream still writes this copy
-    upstream_first_byte: float | None = None
     client_first_byte: float | None = None
     first_content: float | None = None
     last_event: float | None = None

@@ -67,6 +67,17 @@ class NotFound(GatewayError):
     type = "not_found_error"
 
 
+class MethodNotAllowed(GatewayError):
+    """A method the path does not serve; ``Allow`` lists those it does (RFC 9110 §15.5.6)."""
+
+    status = 405
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, allow: str, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.headers = ((b"allow", allow.encode()),)
+
+
 class NotAcceptable(GatewayError):
     status = 406
     type = "not_acceptable"

@@ -20,7 +20,7 @@ from gateway.context import LiveSession
 from gateway.fleet.health import Health
 from gateway.fleet.load import Fleet
 from gateway.hops.auth import Auth, build_auth
-from gateway.hops.edge import Edge
+from gateway.hops.edge import RequestEdge
 from gateway.hops.ownership import Ownership, build_ownership
 from gateway.hops.router import Router
 from gateway.hops.upstream import Upstream
@@ -43,7 +43,7 @@ log = logging.getLogger("gateway")
 @dataclass(frozen=True, slots=True)
 class Runtime:
     config: Config
-    edge: Edge
+    edge: RequestEdge
     auth: Auth
     router: Router
     upstream: Upstream
@@ -179,7 +179,7 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
         recent = RecentRequests(config.ui.recent, capture=config.tracing.capture_content)
     return Runtime(
         config=config,
-        edge=Edge(config.edge),
+        edge=RequestEdge(config.edge),
         auth=auth,
         router=Router(routes),
         upstream=upstream,

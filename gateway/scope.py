@@ -19,7 +19,7 @@ from types import TracebackType
 from gateway.context import RequestContext
 from gateway.errors import ClientGone, GatewayError
 from gateway.headers import VARY
-from gateway.hops.edge import Edge
+from gateway.hops.edge import RequestEdge
 from gateway.telemetry import Telemetry
 from gateway.types import Scope, Send
 from gateway.writer import ResponseWriter
@@ -40,7 +40,7 @@ class RequestScope:
     __slots__ = ("_telemetry", "ctx", "out")
 
     def __init__(
-        self, edge: Edge, telemetry: Telemetry, scope: Scope, send: Send, vary: bool
+        self, edge: RequestEdge, telemetry: Telemetry, scope: Scope, send: Send, vary: bool
     ) -> None:
         ctx = edge.accept(scope)  # trust, X-Forwarded-*, request id, edge timing headers
         ctx.response_headers.append((b"x-request-id", ctx.request_id.encode()))

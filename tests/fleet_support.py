@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.mock.capacity import Capacity, vllm_metrics
 from gateway.mock.engine import MockSettings
-from gateway.mock.server import METRICS_TYPE, create_mock_app
+from gateway.mock.upstream_app import METRICS_TYPE, create_mock_app
 from gateway.types import Receive, Scope, Send
 from tests.support import ThreadedServer
 

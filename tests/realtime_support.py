@@ -7,7 +7,8 @@ Models (the ``model`` query parameter the gateway passes on):
   ``deltas`` ``response.output_text.delta`` events ``pace_s`` apart (0 by default),
   ``response.done`` with usage, its ``event_id`` before its ``type``); ``echo`` is relayed back
   verbatim (text and binary) for any other event;
-- ``refuse-NNN``: the handshake answered with HTTP status NNN and an OpenAI error body;
+- ``refuse-NNN``: the handshake answered with HTTP status NNN and an OpenAI error body
+  (``refuse-NNN-after-S``: with ``Retry-After: S``, one header per ``after-S``);
 - ``close-CODE``: after the first client message, a close frame CODE "upstream says bye";
 - ``drop``: after the first client message, the TCP connection aborted (no close frame);
 - ``big-N``: after the first client message, one text message of N bytes;
@@ -180,7 +181,8 @@ class RealtimeUpstream:
         self.handshakes.append(seen)
         model = seen.model
         if model.startswith("refuse-"):
-            status = int(model.split("-")[1])
+            _, code, *after = model.split("-")
+            status = int(code)
             body = orjson.dumps(
                 {
                     "error": {
@@ -192,6 +194,9 @@ class RealtimeUpstream:
                 }
             )
             headers = Headers([("Content-Type", "application/json")])
+            for i in range(0, len(after) - 1, 2):  # each "after-S" pair: one more header
+                if after[i] == "after":
+                    headers["Retry-After"] = after[i + 1]
             return Response(status, "Refused", headers, body)
         return None
 

@@ -21,7 +21,7 @@ from gateway.headers import HOP_BY_HOP
 from gateway.memo import remember
 from gateway.types import RawHeaders, Receive, Scope
 
-__all__ = ["HOP_BY_HOP", "Edge", "read_body"]
+__all__ = ["HOP_BY_HOP", "RequestEdge", "read_body"]
 # Request headers the edge consumes instead of forwarding verbatim.
 _CONSUMED = HOP_BY_HOP | {
     b"host",
@@ -60,7 +60,11 @@ MAX_AGE_S = 60.0
 _TRUST_CACHE_MAX = 4096
 
 
-class Edge:
+class RequestEdge:
+    """Where a request enters the request path (the edge hop): the proxies it trusts, what
+    their ``X-Forwarded-*`` and edge hop headers say, the request id and the trace ids; one per
+    app, :meth:`accept` makes each request's context."""
+
     def __init__(self, cfg: EdgeConfig) -> None:
         self._networks = [ipaddress.ip_network(n, strict=False) for n in cfg.trusted_proxies]
         self._trust_cache: dict[str, bool] = {}

@@ -2,7 +2,7 @@
 
 - :mod:`gateway.live.recent`: the ring buffer of finished requests (a telemetry sink the
   runtime builds; it sits low in the import layers, beside telemetry);
-- :mod:`gateway.live.session`: the browser's signed, expiring session tokens;
+- :mod:`gateway.live.sign_in`: the browser's sign-in: signed, expiring session tokens;
 - :mod:`gateway.live.view`: the endpoints under ``[ui] path`` (the page in ``ui/``, the JSON
   API, the SSE feed, sign-in).
 

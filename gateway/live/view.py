@@ -22,7 +22,7 @@ Auth (``auth.mode = "keys"``): the API needs a key whose ``[[auth.keys]]`` entry
 ``admin = true``, sent as ``Authorization: Bearer`` / ``api-key`` / ``x-api-key`` (scripts), or —
 browsers cannot put a header on an ``EventSource`` — the session cookie that
 ``POST {path}api/session`` sets after checking the key the page's sign-in form sends: a signed,
-expiring token (:mod:`gateway.live.session`), never the key nor a digest of it; ``HttpOnly``,
+expiring token (:mod:`gateway.live.sign_in`), never the key nor a digest of it; ``HttpOnly``,
 ``SameSite=Strict``, ``Path`` the view's path, ``Secure`` when the request came over TLS (or
 ``X-Forwarded-Proto: https`` from a trusted proxy). Keys are never accepted in the URL (URLs end
 up in browser history, proxy logs and ``Referer``) and never logged. No key or session: 401; a
@@ -42,23 +42,30 @@ import asyncio
 import html
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from gateway.config import Config
 from gateway.context import RequestContext, Timeline
-from gateway.errors import Forbidden, GatewayError, InvalidRequest, NotFound, Unauthorized
+from gateway.errors import (
+    Forbidden,
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    Unauthorized,
+)
 from gateway.hops.auth import KeyEntry
 from gateway.live.recent import RecentRequests, percentiles, stats
-from gateway.live.session import Sessions, secret_from
+from gateway.live.sign_in import SignInTokens, secret_from
 from gateway.routes import Backend
 from gateway.runtime import Endpoint, Runtime
 from gateway.types import RawHeaders, Receive, Scope, Send
 from gateway.writer import ResponseWriter
 
-#: the session cookie (a signed token: :mod:`gateway.live.session`)
+#: the session cookie (a signed token: :mod:`gateway.live.sign_in`)
 COOKIE = "gateway_ui_session"
 #: the cookie of earlier versions, which held the admin key itself: deleted when seen
 LEGACY_COOKIE = "gateway_ui_key"
@@ -143,21 +150,12 @@ def display_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-class MethodNotAllowed(GatewayError):
-    status = 405
-    type = "invalid_request_error"
-
-    def __init__(self, message: str, *, code: str, headers: Sequence[tuple[bytes, bytes]]) -> None:
-        super().__init__(message, code=code)
-        self.headers = headers
-
-
 def _allowed_method(scope: Scope, *methods: str) -> None:
     if scope["method"] not in methods:
         raise MethodNotAllowed(
             f"{scope['method']} is not allowed here (allowed: {', '.join(methods)})",
+            allow=", ".join(methods),
             code="method_not_allowed",
-            headers=((b"allow", ", ".join(methods).encode()),),
         )
 
 
@@ -178,7 +176,7 @@ class LiveView:
         base = b'<head>\n<base href="' + html.escape(self.prefix).encode() + b'">'
         self._assets[""] = (page.replace(b"<head>", base, 1), ctype)
         env = os.environ if environ is None else environ
-        self.sessions = Sessions(config.auth.keys, secret_from(env))
+        self.sessions = SignInTokens(config.auth.keys, secret_from(env))
         # RFC 6265 §4.1.1: a path-value has no ';' or controls (the configured path is ours)
         path = quote(self.prefix, safe="/:@!$&'()*+,=-._~%")
         self._cookie_attrs = f"; Path={path}; HttpOnly; SameSite=Strict"
@@ -330,7 +328,7 @@ class LiveView:
 
     async def session(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         """POST: check the admin key in the headers and set the session cookie; DELETE: sign
-        the cookie's session out (in this process: :mod:`gateway.live.session`) and delete it."""
+        the cookie's session out (in this process: :mod:`gateway.live.sign_in`) and delete it."""
         ctx = rt.edge.accept(scope)
         out = _writer(ctx, send, _NO_STORE)
         secure = "; Secure" if over_tls(ctx) else ""

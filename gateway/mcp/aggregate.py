@@ -28,7 +28,7 @@ from gateway.hops.edge import read_body
 from gateway.mcp.access import SEPARATOR
 from gateway.mcp.exchange import (
     SSE,
-    Relay,
+    AnswerRelay,
     bounded,
     read_answer,
     read_json,
@@ -36,10 +36,10 @@ from gateway.mcp.exchange import (
     send,
     start_attempt,
 )
-from gateway.mcp.hub import METHOD_NOT_FOUND, Call, Hub, Rejected, kind, parse
-from gateway.mcp.relay import denied
+from gateway.mcp.forward import denied
+from gateway.mcp.hub import METHOD_NOT_FOUND, Hub, McpRequest, Rejected, kind, parse
+from gateway.mcp.servers import McpUpstream
 from gateway.mcp.sessions import Session
-from gateway.mcp.upstream import McpUpstream
 from gateway.streaming.relay import until_disconnect
 from gateway.streaming.sse import SSEParser, event_data
 
@@ -53,7 +53,7 @@ _EMPTY = {"resources/list": "resources", "resources/templates/list": "resourceTe
 _EMPTY["prompts/list"] = "prompts"
 
 
-async def post(hub: Hub, call: Call) -> None:
+async def post(hub: Hub, call: McpRequest) -> None:
     ctx, facts, out = call.ctx, call.ctx.mcp, call.out
     cap = max((u.config.max_message_bytes for u in hub.upstreams.values()), default=1 << 20)
     msg = parse(await read_body(ctx, call.receive, cap))
@@ -78,12 +78,12 @@ async def post(hub: Hub, call: Call) -> None:
         raise Rejected(200, rpc_error(rid, METHOD_NOT_FOUND, text), "error")
 
 
-async def _result(call: Call, rid: Any, result: dict[str, Any]) -> None:
+async def _result(call: McpRequest, rid: Any, result: dict[str, Any]) -> None:
     body = orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": result})
     await call.out.whole(200, [(b"content-type", b"application/json")], body)
 
 
-async def _session(hub: Hub, call: Call) -> Session:
+async def _session(hub: Hub, call: McpRequest) -> Session:
     session = await hub.session(call, "*")
     if session is None:
         text = "send Mcp-Session-Id: initialize first"
@@ -91,7 +91,7 @@ async def _session(hub: Hub, call: Call) -> Session:
     return session
 
 
-async def _initialize(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
+async def _initialize(hub: Hub, call: McpRequest, msg: dict[str, Any]) -> None:
     params = msg.get("params")
     asked = params.get("protocolVersion") if isinstance(params, dict) else None
     session = Session(call.grant.owner, "*")
@@ -126,7 +126,7 @@ def _headers(up: McpUpstream, sid: str, version: str) -> list[tuple[str, str]]:
 
 
 async def _ask(
-    hub: Hub, call: Call, up: McpUpstream, headers: list[tuple[str, str]], msg: dict[str, Any]
+    hub: Hub, call: McpRequest, up: McpUpstream, headers: list[tuple[str, str]], msg: dict[str, Any]
 ) -> tuple[dict[str, Any], Any]:
     """One request the gateway makes on its own; its result and the response's headers."""
     span_id = hub.tracing.new_span_id()
@@ -150,7 +150,7 @@ async def _ask(
     raise UpstreamError(f"the MCP server answered {answer.get('error')!r}", code="mcp_error")
 
 
-async def _open(hub: Hub, call: Call, session: Session, up: McpUpstream) -> list[str]:
+async def _open(hub: Hub, call: McpRequest, session: Session, up: McpUpstream) -> list[str]:
     """The session's upstream session on ``up``, opened (initialize) when it has none — once:
     concurrent requests of one session (its GET stream and its first tools/list) wait for the
     first one's handshake and use its session, which is stored before the lock is let go."""
@@ -181,7 +181,7 @@ async def _open(hub: Hub, call: Call, session: Session, up: McpUpstream) -> list
         return session.upstream[up.name]
 
 
-async def _list(hub: Hub, call: Call, session: Session) -> list[dict[str, Any]]:
+async def _list(hub: Hub, call: McpRequest, session: Session) -> list[dict[str, Any]]:
     names = [n for n in hub.upstreams if call.grant.server(n)]
     lists = await asyncio.gather(
         *(_list_one(hub, call, session, hub.upstreams[n]) for n in names), return_exceptions=True
@@ -198,7 +198,7 @@ async def _list(hub: Hub, call: Call, session: Session) -> list[dict[str, Any]]:
 
 
 async def _list_one(
-    hub: Hub, call: Call, session: Session, up: McpUpstream
+    hub: Hub, call: McpRequest, session: Session, up: McpUpstream
 ) -> list[dict[str, Any]]:
     async def listed() -> list[dict[str, Any]]:
         sid, version = await _open(hub, call, session, up)
@@ -220,7 +220,7 @@ async def _list_one(
     return result
 
 
-async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
+async def _call(hub: Hub, call: McpRequest, msg: dict[str, Any]) -> None:
     ctx, facts = call.ctx, call.ctx.mcp
     rid = msg.get("id")
     params = msg.get("params")
@@ -235,7 +235,7 @@ async def _call(hub: Hub, call: Call, msg: dict[str, Any]) -> None:
     await hub.count(call)
     session = await _session(hub, call)
     assert isinstance(params, dict)
-    relay = Relay(ctx, up, None, call.out, rid, partial(hub.allowed, call.grant, up))
+    relay = AnswerRelay(ctx, up, None, call.out, rid, partial(hub.allowed, call.grant, up))
 
     async def exchange() -> None:
         sid, version = await _open(hub, call, session, up)
@@ -258,7 +258,7 @@ _LIST_CHANGED = (
 )
 
 
-async def stream(hub: Hub, call: Call) -> None:
+async def stream(hub: Hub, call: McpRequest) -> None:
     """GET /mcp: the servers' notification streams, merged: their ``tools/list_changed``
     notifications reach the client (its session is opened on every allowed server first)."""
     ctx, out = call.ctx, call.out
@@ -292,7 +292,7 @@ async def stream(hub: Hub, call: Call) -> None:
 
 
 async def _follow(
-    hub: Hub, call: Call, up: McpUpstream, session: Session, queue: asyncio.Queue[bytes]
+    hub: Hub, call: McpRequest, up: McpUpstream, session: Session, queue: asyncio.Queue[bytes]
 ) -> None:
     sid, version = session.upstream[up.name]
     headers = [("accept", "text/event-stream"), *_headers(up, sid, version)[2:]]
@@ -329,7 +329,7 @@ def _list_changed(data: bytes | None) -> bool:
     return isinstance(msg, dict) and msg.get("method") == FORWARDED and "id" not in msg
 
 
-async def end(hub: Hub, call: Call) -> None:
+async def end(hub: Hub, call: McpRequest) -> None:
     """DELETE /mcp: the session ends here and on every server it was opened on."""
     call.ctx.mcp["method"] = "session/delete"
     session = await _session(hub, call)

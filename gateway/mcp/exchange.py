@@ -23,10 +23,11 @@ from typing import Any
 
 import orjson
 
+from gateway.attempts import open_attempt
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
-from gateway.mcp.upstream import McpUpstream
+from gateway.mcp.servers import McpUpstream
 from gateway.streaming.bodies import upstream_answered, upstream_finished
 from gateway.streaming.sse import SSEParser, event_data
 from gateway.transports import UpstreamResponse
@@ -51,10 +52,10 @@ def rpc_error(rid: Any, code: int, message: str, data: dict[str, Any] | None = N
 
 
 def start_attempt(ctx: RequestContext, up: McpUpstream, span_id: int, method: str) -> Attempt:
-    """An upstream exchange, timed like a model call's attempt; ``method``: what it carries
-    when it is not the client's own request (a handshake ``/mcp`` makes on its own)."""
-    attempt = Attempt(up.backend, len(ctx.attempts) + 1, span_id)
-    ctx.attempts.append(attempt)
+    """An upstream exchange, opened as a model call's attempt is (:func:`open_attempt`; one
+    request may make several: they are numbered in order); ``method``: what it carries when it
+    is not the client's own request (a handshake ``/mcp`` makes on its own)."""
+    attempt = open_attempt(ctx, up.backend, len(ctx.attempts) + 1, span_id)
     facts = ctx.mcp
     if facts is not None and method != facts.get("method"):
         facts.setdefault("methods", {})[span_id] = method
@@ -220,7 +221,7 @@ def client_headers(resp: UpstreamResponse, session_id: str | None) -> RawHeaders
     return out
 
 
-class Relay:
+class AnswerRelay:
     """Relays one upstream answer to the client, noting its outcome on ``ctx.mcp`` and
     dropping from every result that carries tools the ones ``keep`` refuses."""
 
@@ -327,7 +328,7 @@ class Relay:
         await self.out.body(event)
 
 
-async def bounded(up: McpUpstream, work: Any, relay: Relay | None = None) -> Any:
+async def bounded(up: McpUpstream, work: Any, relay: AnswerRelay | None = None) -> Any:
     """``work`` within the server's ``timeout_s``. Past it before any answer: 504; in the
     middle of a stream: the stream ends with a JSON-RPC error answer (``-32001``)."""
     try:
@@ -351,8 +352,8 @@ __all__ = [
     "DENIED",
     "SSE",
     "TIMED_OUT",
+    "AnswerRelay",
     "Keep",
-    "Relay",
     "answer_message",
     "bounded",
     "keep_tools",

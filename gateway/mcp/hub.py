@@ -2,7 +2,7 @@
 
 :class:`Hub`: the upstream servers, the grants, the session records, and the steps both
 endpoints take — identify the caller, check the Origin, find the session, decide a tool, put
-the trace context into ``params._meta``. :class:`Call`: one HTTP request to ``/mcp`` or
+the trace context into ``params._meta``. :class:`McpRequest`: one HTTP request to ``/mcp`` or
 ``/mcp/{server}`` (docs/spec.md §23).
 """
 
@@ -22,8 +22,8 @@ from gateway.headers import header_value
 from gateway.hops.auth import KeyEntry
 from gateway.mcp.access import EVERYBODY, Access, Grant, origin_allowed
 from gateway.mcp.exchange import rpc_error
+from gateway.mcp.servers import McpUpstream
 from gateway.mcp.sessions import Session, Sessions, build_sessions
-from gateway.mcp.upstream import McpUpstream
 from gateway.runtime import Runtime
 from gateway.types import RawHeaders, Receive
 from gateway.writer import ResponseWriter
@@ -41,7 +41,7 @@ class Rejected(Exception):
         self.status, self.body, self.label = status, body, label
 
 
-class Call:
+class McpRequest:
     """One HTTP request to an MCP endpoint."""
 
     __slots__ = ("ctx", "grant", "headers", "out", "receive")
@@ -169,11 +169,11 @@ class Hub:
             and grant.tool(up.name, tool)
         )
 
-    async def count(self, call: Call) -> None:
+    async def count(self, call: McpRequest) -> None:
         """A tool call counts against the key's ``rpm`` (429 past it)."""
         await self.rt.auth.check(call.ctx)
 
-    async def session(self, call: Call, endpoint: str) -> Session | None:
+    async def session(self, call: McpRequest, endpoint: str) -> Session | None:
         """The client's session (None: it sent none); 404 when unknown, ended, another key's
         or another endpoint's — the client then starts a new one (MCP transport spec)."""
         sid = call.header(b"mcp-session-id")
@@ -187,7 +187,7 @@ class Hub:
         call.ctx.mcp["session"] = sid
         return session
 
-    def inject(self, call: Call, msg: dict[str, Any], span_id: int) -> bytes:
+    def inject(self, call: McpRequest, msg: dict[str, Any], span_id: int) -> bytes:
         """The request with the gateway's trace context in ``params._meta`` (the MCP
         conventions of OpenTelemetry), so the tool server's spans join the trace."""
         trace = call.ctx.trace
@@ -204,7 +204,7 @@ class Hub:
                     meta["tracestate"] = trace.trace_state
         return orjson.dumps(msg)
 
-    def trace_headers(self, call: Call, span_id: int) -> list[tuple[str, str]]:
+    def trace_headers(self, call: McpRequest, span_id: int) -> list[tuple[str, str]]:
         trace = call.ctx.trace
         if trace is None or not self.tracing.enabled:  # not tracing: the client's own, as is
             return [h for h in call.ctx.upstream_headers if h[0] in _TRACE_HEADERS]
@@ -216,4 +216,4 @@ class Hub:
         await self.sessions.aclose()
 
 
-__all__ = ["Call", "Hub", "Rejected", "kind", "parse"]
+__all__ = ["Hub", "McpRequest", "Rejected", "kind", "parse"]

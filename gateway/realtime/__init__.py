@@ -3,9 +3,10 @@
 - :mod:`.upgrade`: what the app does with a WebSocket scope (``/v1/realtime`` to the sessions,
   any other handshake refused as HTTP);
 - :mod:`.session`: one session end to end (the hops before the upgrade, accept, relay, telemetry);
-- :mod:`.upstream`: the upstream socket (``websockets``' client, or the in-process mock) and the
-  handshake's attempts, retries and fallback;
-- :mod:`.relay`: the two pumps and the one close path, the limits;
+- :mod:`.handshake`: the upstream handshake, the attempt loop's connect (:mod:`gateway.attempts`:
+  attempts, retries and fallback);
+- :mod:`.upstream_socket`: the upstream socket (``websockets``' client, or the in-process mock);
+- :mod:`.message_relay`: the direct path, the two pumps and the one close path, the limits;
 - :mod:`.events`: what the relay reads in the events it passes on (model responses);
 - :mod:`.spans`: the session's spans;
 - :mod:`.client_end`: the server's end of the client connection as a session uses it (the relay's

@@ -165,7 +165,7 @@ class ModelResponse:
 OnDone = Callable[[ModelResponse], None]
 
 
-class Responses:
+class SessionResponses:
     """The responses of one session, followed from the events both ways."""
 
     __slots__ = ("_awaiting_delta", "_on_done", "_open", "_trigger", "count")
@@ -266,4 +266,4 @@ class Responses:
         return out
 
 
-__all__ = ["DELTAS", "ModelResponse", "Responses", "event_type", "leading_type"]
+__all__ = ["DELTAS", "ModelResponse", "SessionResponses", "event_type", "leading_type"]

@@ -10,7 +10,8 @@ and one Timeline per session, the same hops before the upgrade, then the relay::
     upstream→ the handshake: attempts, retries, fallback; every attempt failed → 502 / 504 (or
               the upstream's own error status and body) — never an accepted socket closed at once
     accept  → the subprotocol the upstream selected, x-request-id, traceresponse
-    relay   → :class:`gateway.realtime.relay.Relay` until either side ends or a limit stops it
+    relay   → :class:`~gateway.realtime.message_relay.MessageRelay` until either side ends or a
+              limit stops it
     finish  → spans, metrics, one access-log line, the live view, passive health
 
 Telemetry of each model response (its span, TTFT, tokens, the ``tpm`` debit) happens as its
@@ -36,10 +37,11 @@ from gateway.errors import ClientGone, Forbidden, GatewayError, InvalidRequest, 
 from gateway.fleet.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.client_end import CLIENT_END, ClientEnd
-from gateway.realtime.events import ModelResponse, OnDone, Responses
-from gateway.realtime.relay import BY_SHUTDOWN, BY_UPSTREAM, End, Relay
+from gateway.realtime.events import ModelResponse, OnDone, SessionResponses
+from gateway.realtime.handshake import Handshake
+from gateway.realtime.message_relay import BY_SHUTDOWN, BY_UPSTREAM, End, MessageRelay
 from gateway.realtime.spans import ROUTE, SessionFacts, response_span, session_spans
-from gateway.realtime.upstream import Handshake, UpstreamSocket
+from gateway.realtime.upstream_socket import UpstreamSocket
 from gateway.runtime import Runtime
 from gateway.telemetry.logs import line
 from gateway.telemetry.server_timing import edge_intervals
@@ -88,18 +90,20 @@ def http_send(scope: Scope, send: Send) -> Send:
     return translated
 
 
-class LiveSession:
+class OpenSession:
     """One session as the live view sees it (:class:`gateway.context.LiveSession`): registered
     in ``Runtime.sessions`` while open, its :meth:`summary` set on the context at the end.
     Nothing here runs per message: the relay's counters are read when somebody looks."""
 
     __slots__ = ("_server", "_timer", "ctx", "done", "draining", "facts", "relay", "responses")
 
-    def __init__(self, ctx: RequestContext, facts: SessionFacts, responses: Responses) -> None:
+    def __init__(
+        self, ctx: RequestContext, facts: SessionFacts, responses: SessionResponses
+    ) -> None:
         self.ctx = ctx
         self.facts = facts
         self.responses = responses
-        self.relay: Relay | None = None
+        self.relay: MessageRelay | None = None
         #: the most recent finished responses
         self.done: deque[ModelResponse] = deque(maxlen=RESPONSES_KEPT)
         #: the server is shutting down: close once no response is in progress
@@ -107,7 +111,7 @@ class LiveSession:
         self._server: ClientEnd | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def attach(self, relay: Relay, rt: Runtime, server: object) -> None:
+    def attach(self, relay: MessageRelay, rt: Runtime, server: object) -> None:
         """The relay runs: the session is open for the live view (keyed by the object: two
         sessions may carry the same x-request-id), and drains when the server (the client's
         connection, when it is the gateway's own protocol) shuts down."""
@@ -235,10 +239,10 @@ class Realtime:
         out = ResponseWriter(ctx, http_send(scope, send), rt.telemetry.headers_at_start)
         facts = SessionFacts()
         upstream: UpstreamSocket | None = None
-        responses = Responses(_guarded(lambda r: self._response_done(ctx, r, live)))
-        live = LiveSession(ctx, facts, responses)
+        responses = SessionResponses(_guarded(lambda r: self._response_done(ctx, r, live)))
+        live = OpenSession(ctx, facts, responses)
         end: End | None = None
-        relay: Relay | None = None
+        relay: MessageRelay | None = None
         try:
             await rt.auth.check(ctx)  # 401, 429: rpm counts a session start
             call = self._route(ctx)  # 400, 403, 404
@@ -248,7 +252,7 @@ class Realtime:
             )  # fmt: skip
             facts.handshake_done = attempt.first_byte
             await self._accept(ctx, send, upstream, facts)
-            relay = Relay(
+            relay = MessageRelay(
                 receive,
                 send,
                 upstream,
@@ -344,7 +348,7 @@ class Realtime:
     # ------------------------------------------------------------ responses, as they end
 
     def _response_done(
-        self, ctx: RequestContext, response: ModelResponse, live: LiveSession
+        self, ctx: RequestContext, response: ModelResponse, live: OpenSession
     ) -> None:
         """Telemetry of one model response, when its ``response.done`` was written: tokens,
         cost (docs/spec.md §20), the ``tpm`` and budget debit, its span, the live view."""
@@ -386,7 +390,7 @@ class Realtime:
     # ------------------------------------------------------------ the end
 
     def _finish(
-        self, ctx: RequestContext, facts: SessionFacts, end: End | None, live: LiveSession
+        self, ctx: RequestContext, facts: SessionFacts, end: End | None, live: OpenSession
     ) -> None:
         responses = live.responses
         t = ctx.timeline

@@ -20,7 +20,7 @@ import random
 from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.realtime.events import ModelResponse
-from gateway.realtime.relay import Stats
+from gateway.realtime.message_relay import Stats
 from gateway.telemetry import otlp
 from gateway.telemetry.spans import EdgeHop
 
@@ -80,7 +80,7 @@ class SessionFacts:
         self.mean_out = stats.overhead_out / stats.messages_out if stats.messages_out else 0.0
 
 
-class _Tree:
+class _SessionTree:
     __slots__ = ("done", "head", "received", "root", "under_root", "wall")
 
     def __init__(self, ctx: RequestContext, trace: TraceContext) -> None:
@@ -127,7 +127,7 @@ def session_spans(
     auth_mode: str,
 ) -> list[bytes]:
     """The session's spans but its responses' (those went out as each ended)."""
-    tree = _Tree(ctx, trace)
+    tree = _SessionTree(ctx, trace)
     t = ctx.timeline
     spans = [
         otlp.span_fast(
@@ -163,7 +163,7 @@ def session_spans(
     return spans
 
 
-def _attempt_span(tree: _Tree, ctx: RequestContext, attempt: Attempt, end: float) -> bytes:
+def _attempt_span(tree: _SessionTree, ctx: RequestContext, attempt: Attempt, end: float) -> bytes:
     b = attempt.backend
     model = ctx.model or ""
     attrs = [
@@ -194,7 +194,7 @@ def _attempt_span(tree: _Tree, ctx: RequestContext, attempt: Attempt, end: float
 
 
 def _root(
-    tree: _Tree,
+    tree: _SessionTree,
     ctx: RequestContext,
     trace: TraceContext,
     edge_hops: list[EdgeHop],
@@ -310,7 +310,7 @@ def response_span(
     ctx: RequestContext, trace: TraceContext, response: ModelResponse, provider: str
 ) -> bytes:
     """One ``realtime response`` span, a child of the session's root."""
-    tree = _Tree(ctx, trace)
+    tree = _SessionTree(ctx, trace)
     attrs = [
         _s("gen_ai.operation.name", OPERATION),
         _s("gen_ai.provider.name", provider),

@@ -56,7 +56,7 @@ Why reach past ASGI: the ASGI hops cost a queue, a task switch, a message dict a
 decode/encode per message each way (``loadtests/realtime.py`` measures it).
 
 Why ``websockets`` rather than ``wsproto``: the same library is the upstream client
-(:mod:`gateway.realtime.upstream`), and its C speedups. Per-message deflate is never offered
+(:mod:`gateway.realtime.upstream_socket`), and its C speedups. Per-message deflate is never offered
 (no extension is negotiated): a relay would inflate and deflate every frame.
 """
 

@@ -15,7 +15,7 @@ from gateway.cache.service import ResponseCache, json_entry
 from gateway.cache.store import CacheUnavailable
 from gateway.config import CacheConfig, EdgeConfig, RouteConfig
 from gateway.context import Call, RequestContext
-from gateway.hops.edge import Edge
+from gateway.hops.edge import RequestEdge
 from gateway.routes import Route
 
 ROUTE = Route(RouteConfig(name="all", models=("*",), backends=()), ())
@@ -32,7 +32,7 @@ def request(payload: dict[str, Any], headers: list[tuple[bytes, bytes]] | None =
         "headers": headers or [],
         "client": ("127.0.0.1", 1),
     }
-    ctx = Edge(EdgeConfig()).accept(scope)
+    ctx = RequestEdge(EdgeConfig()).accept(scope)
     call = Call(
         ctx.path, "chat", orjson.dumps(payload), payload, payload.get("stream") is True, ROUTE
     )

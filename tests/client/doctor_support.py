@@ -20,7 +20,7 @@ import trustme
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from gateway.mock.server import create_mock_app
+from gateway.mock.upstream_app import create_mock_app
 from tests.support import (
     LAST_CHUNK,
     Handler,

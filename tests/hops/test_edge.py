@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import EdgeConfig
-from gateway.hops.edge import HOP_BY_HOP, Edge, _raw_time
+from gateway.hops.edge import HOP_BY_HOP, RequestEdge, _raw_time
 from tests.conftest import BACKEND_KEY
 from tests.support import answering, config_for, http_response
 
@@ -61,7 +61,7 @@ def scope(headers: list[tuple[bytes, bytes]], client: str = "127.0.0.1") -> dict
     ],
 )
 def test_x_forwarded_for_trust_table(trusted, peer, xff, want_forwarded, want_client):
-    edge = Edge(EdgeConfig(trusted_proxies=tuple(trusted)))
+    edge = RequestEdge(EdgeConfig(trusted_proxies=tuple(trusted)))
     headers = [(b"x-forwarded-for", xff)] if xff else []
     ctx = edge.accept(scope(headers, peer))
     fwd = dict(ctx.upstream_headers)
@@ -71,7 +71,7 @@ def test_x_forwarded_for_trust_table(trusted, peer, xff, want_forwarded, want_cl
 
 @pytest.mark.parametrize("trusted", [True, False])
 def test_forwarded_proto_and_host_only_from_trusted(trusted):
-    edge = Edge(EdgeConfig(trusted_proxies=("127.0.0.1/32",) if trusted else ()))
+    edge = RequestEdge(EdgeConfig(trusted_proxies=("127.0.0.1/32",) if trusted else ()))
     ctx = edge.accept(
         scope(
             [
@@ -87,7 +87,7 @@ def test_forwarded_proto_and_host_only_from_trusted(trusted):
 
 
 def test_hop_by_hop_and_connection_named_headers_are_not_forwarded():
-    edge = Edge(EdgeConfig())
+    edge = RequestEdge(EdgeConfig())
     headers = [(name, b"x") for name in sorted(HOP_BY_HOP)] + [
         (b"connection", b"keep-alive, X-Secret-Hop"),
         (b"x-secret-hop", b"1"),
@@ -117,7 +117,7 @@ def test_hop_by_hop_and_connection_named_headers_are_not_forwarded():
     ],
 )
 def test_request_id_kept_when_sane_else_generated(incoming, kept):
-    ctx = Edge(EdgeConfig()).accept(scope([(b"x-request-id", incoming)]))
+    ctx = RequestEdge(EdgeConfig()).accept(scope([(b"x-request-id", incoming)]))
     if kept:
         assert ctx.request_id == incoming.decode()
     else:

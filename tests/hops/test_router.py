@@ -10,7 +10,7 @@ import pytest
 from gateway.config import BackendConfig, EdgeConfig, RouteConfig
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, NotFound
-from gateway.hops.edge import Edge
+from gateway.hops.edge import RequestEdge
 from gateway.hops.router import Router
 from gateway.routes import Backend, Route
 from gateway.transports.mock_impl import MockTransport
@@ -36,7 +36,7 @@ def context(path: str = "/v1/chat/completions") -> RequestContext:
         "headers": [],
         "client": ("127.0.0.1", 1),
     }
-    return Edge(EdgeConfig()).accept(scope)
+    return RequestEdge(EdgeConfig()).accept(scope)
 
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-import gateway.hops.upstream as upstream_mod
+import gateway.attempts as attempts_mod
+from gateway.attempts import AttemptPlan
 from gateway.config import BackendConfig, EdgeConfig, RouteConfig
 from gateway.context import Attempt, RequestContext
 from gateway.errors import (
@@ -24,8 +25,8 @@ from gateway.errors import (
 )
 from gateway.fleet.balance import LeastOutstanding, Weighted
 from gateway.fleet.health import BUDGET_FLOOR_PER_S, CONNECTION_FAILED, SUCCESS, Health, Window
-from gateway.hops.edge import Edge
-from gateway.hops.upstream import AttemptPlan, Upstream
+from gateway.hops.edge import RequestEdge
+from gateway.hops.upstream import Upstream
 from gateway.routes import Backend, Route
 from gateway.types import RawHeaders
 
@@ -97,7 +98,7 @@ def context() -> RequestContext:
         "headers": [],
         "client": ("127.0.0.1", 1),
     }
-    return Edge(EdgeConfig()).accept(scope)
+    return RequestEdge(EdgeConfig()).accept(scope)
 
 
 class Clock:
@@ -111,7 +112,7 @@ class Clock:
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Backoff sleeps are real sleeps: make them zero (what is retried is the subject here)."""
-    monkeypatch.setattr(upstream_mod, "_backoff", lambda n: 0.0)
+    monkeypatch.setattr(attempts_mod, "backoff", lambda n: 0.0)
 
 
 def run(coro: Any) -> Any:
@@ -214,7 +215,7 @@ def test_redirects_are_refused():
     ids=["backoff", "retry-after"],
 )
 def test_the_wait_between_attempts_is_booked_as_backoff(monkeypatch, first, planned):
-    monkeypatch.setattr(upstream_mod, "_backoff", lambda n: 0.02)
+    monkeypatch.setattr(attempts_mod, "backoff", lambda n: 0.02)
     a = backend("a", first, 200)
     up, _ = upstream_with(a)
 

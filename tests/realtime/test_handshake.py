@@ -215,6 +215,37 @@ def test_a_retryable_status_is_retried_then_falls_back(gateway, realtime_upstrea
     assert len(busy.handshakes) == 2 and len(good.handshakes) == 2
 
 
+def test_a_retry_after_beyond_the_cap_moves_to_the_next_backend_at_once(gateway, realtime_upstream):
+    """The attempt loop's rule for every call upstream (docs/spec.md §13): more patience asked
+    than the cap gives the backend up for this session (no retry there, however many the route
+    allows); on the last backend the answer is what the client gets."""
+    first, second = realtime_upstream(), realtime_upstream()
+    gw = gateway(two_backends(first.url, second.url, "retries = 2"))
+    status, body, _ = run(refused(ws_url(gw, "refuse-429-after-60")))
+    assert status == 429 and body["error"]["code"] == "refused_429"
+    assert len(first.handshakes) == 1 and len(second.handshakes) == 1
+
+
+def test_a_refusal_with_two_retry_after_headers_is_read_by_its_first(gateway, realtime_upstream):
+    """A hostile or broken upstream repeats ``Retry-After``: the first one counts, as for a
+    model call's answer, and the refusal still reaches the client as HTTP."""
+    up = realtime_upstream()
+    gw = gateway(config_for(up.url, route_extra="retries = 1"))
+    status, body, _ = run(refused(ws_url(gw, "refuse-503-after-0-after-60")))
+    assert status == 503 and body["error"]["code"] == "refused_503"
+    assert len(up.handshakes) == 2  # the first hint (0 s) allowed the retry
+
+
+def test_a_redirect_is_refused_never_followed_nor_retried(gateway, realtime_upstream):
+    """Redirects are never followed (docs/spec.md §13), on a WebSocket handshake as on a model
+    call: 502 ``upstream_redirect``, and no other attempt."""
+    first, second = realtime_upstream(), realtime_upstream()
+    gw = gateway(two_backends(first.url, second.url, "retries = 1"))
+    status, body, _ = run(refused(ws_url(gw, "refuse-307")))
+    assert status == 502 and body["error"]["code"] == "upstream_redirect"
+    assert len(first.handshakes) == 1 and second.handshakes == []
+
+
 def test_every_attempt_failing_is_502_never_an_accepted_socket(gateway):
     dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
     gw = gateway(two_backends(*dead, "retries = 1"))

@@ -20,7 +20,7 @@ from gateway.config import load_config
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver
 from tests.realtime.test_handshake import run, ws_url
-from tests.realtime.test_relay import CREATE
+from tests.realtime.test_message_relay import CREATE
 from tests.realtime.test_session import sdk_turn
 from tests.realtime_support import VAD_PAUSE_S
 from tests.support import config_for

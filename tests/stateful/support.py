@@ -19,8 +19,8 @@ from urllib.parse import unquote_plus
 
 import pytest
 
-from gateway.mock.server import create_mock_app
 from gateway.mock.stateful import MockObjects
+from gateway.mock.upstream_app import create_mock_app
 from tests.support import ThreadedServer
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The common request's fast paths write what the general ones do: the framed span
 tree of :func:`~gateway.telemetry.spans.framed.build_framed` is byte for byte
 ``frame_spans(build_spans(...))`` with the same ids, and the metrics' per-label-tuple rows
-(:class:`~gateway.telemetry.metrics._Plan`) count what the general path counts."""
+(:class:`~gateway.telemetry.metrics.recorder._Plan`) count what the general path counts."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.context import RequestContext
-from gateway.telemetry import metrics as metrics_module
 from gateway.telemetry import otlp
+from gateway.telemetry.metrics import recorder as metrics_module
 from gateway.telemetry.spans import builders, framed, tree
 from gateway.telemetry.tracing import Tracing
 

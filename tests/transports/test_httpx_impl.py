@@ -13,7 +13,7 @@ import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from gateway.mock.server import create_mock_app
+from gateway.mock.upstream_app import create_mock_app
 from tests.support import config_for, free_port, openai_client
 
 

@@ -19,9 +19,9 @@ from functools import partial
 from typing import Any
 
 from gateway.config import Config
-from gateway.errors import ClientGone, Forbidden, GatewayError
-from gateway.mcp import aggregate, relay
-from gateway.mcp.hub import Call, Hub, Rejected
+from gateway.errors import ClientGone, Forbidden, GatewayError, MethodNotAllowed
+from gateway.mcp import aggregate, forward
+from gateway.mcp.hub import Hub, McpRequest, Rejected
 from gateway.memo import remember
 from gateway.runtime import Endpoint, Runtime
 from gateway.types import Receive, Scope, Send
@@ -38,12 +38,6 @@ METHODS = frozenset(
 )  # fmt: skip
 #: distinct ``tool`` label values kept per process before the rest count as "other"
 MAX_TOOL_LABELS = 500
-
-
-class MethodNotAllowed(GatewayError):
-    status = 405
-    type = "invalid_request_error"
-    headers = ((b"allow", b"GET, POST, DELETE"),)
 
 
 class McpGateway:
@@ -64,7 +58,7 @@ class McpGateway:
             facts = ctx.mcp = {"server": server or "*", "method": None, "tool": None}
             try:
                 origins = up.config.allowed_origins if up is not None else hub.aggregate_origins
-                call = Call(ctx, req.out, receive, hub.begin(ctx, origins))
+                call = McpRequest(ctx, req.out, receive, hub.begin(ctx, origins))
                 if up is not None and not call.grant.server(up.name):
                     raise Forbidden(
                         f"this API key may not use the MCP server {up.name!r}",
@@ -72,13 +66,15 @@ class McpGateway:
                     )
                 method = ctx.method
                 if method == "POST":
-                    await (relay.post(hub, call, up) if up else aggregate.post(hub, call))
+                    await (forward.post(hub, call, up) if up else aggregate.post(hub, call))
                 elif method == "GET":
-                    await (relay.stream(hub, call, up) if up else aggregate.stream(hub, call))
+                    await (forward.stream(hub, call, up) if up else aggregate.stream(hub, call))
                 elif method == "DELETE":
-                    await (relay.end(hub, call, up) if up else aggregate.end(hub, call))
+                    await (forward.end(hub, call, up) if up else aggregate.end(hub, call))
                 else:
-                    raise MethodNotAllowed(f"{method} is not served on {ctx.path}")
+                    raise MethodNotAllowed(
+                        f"{method} is not served on {ctx.path}", allow="GET, POST, DELETE"
+                    )
             except Rejected as exc:  # a JSON-RPC error answer of the gateway's own
                 facts["status"] = exc.label
                 json = [(b"content-type", b"application/json")]

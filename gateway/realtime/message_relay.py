@@ -40,7 +40,7 @@ the server's drain          1012 "service restart"           1012 "service resta
 
 Each message is written as soon as it is read, never batched. A slow reader slows its sender:
 the server stops reading the client's socket while a client message waits, ``websockets`` the
-upstream's beyond :data:`~gateway.realtime.upstream.UPSTREAM_QUEUE` waiting messages; each
+upstream's beyond :data:`~gateway.realtime.upstream_socket.UPSTREAM_QUEUE` waiting messages; each
 pump writes the next message only once the last one is written. Pings are answered per hop by
 the libraries and never relayed. Per message, the relay stamps where it was read (the socket
 read that completed it) and where it was written: the per-frame overhead,
@@ -57,8 +57,8 @@ from time import perf_counter
 from typing import Any
 
 from gateway.realtime.client_end import READ_AT, ClientEnd
-from gateway.realtime.events import Responses
-from gateway.realtime.upstream import Closed, UpstreamSocket, WebSocketsSocket
+from gateway.realtime.events import SessionResponses
+from gateway.realtime.upstream_socket import Closed, UpstreamSocket, WebSocketsSocket
 from gateway.types import Receive, Send
 
 #: observes one message's overhead (seconds)
@@ -168,8 +168,8 @@ def _not_now(_data: bytes, _text: bool) -> bool:
 
 
 class _DirectPath:
-    """A :class:`Relay`'s direct path (see the module): each message written to the other side
-    in the read callback that completed it."""
+    """A :class:`MessageRelay`'s direct path (see the module): each message written to the
+    other side in the read callback that completed it."""
 
     __slots__ = (
         "_client",
@@ -187,7 +187,7 @@ class _DirectPath:
     _queued_in: int
     _write_up: Write
     _write_client: Write
-    # the Relay's, as the direct path uses them
+    # the MessageRelay's, as the direct path uses them
     _up: UpstreamSocket
     _max_bytes: int
     stats: Stats
@@ -255,7 +255,7 @@ class _DirectPath:
         return True
 
 
-class Relay(_DirectPath):
+class MessageRelay(_DirectPath):
     __slots__ = (
         "_client_closed",
         "_idle_s",
@@ -274,7 +274,7 @@ class Relay(_DirectPath):
         receive: Receive,
         send: Send,
         upstream: UpstreamSocket,
-        responses: Responses,
+        responses: SessionResponses,
         *,
         max_message_bytes: int,
         idle_timeout_s: float,
@@ -456,7 +456,7 @@ __all__ = [
     "BY_UPSTREAM",
     "End",
     "Flow",
-    "Relay",
+    "MessageRelay",
     "Stats",
     "sendable",
 ]

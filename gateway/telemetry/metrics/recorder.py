@@ -1,18 +1,11 @@
-"""Prometheus metrics (docs/spec.md §11), derived from the Timeline in one place at request end.
+"""The metrics of one process (:class:`Metrics`), recorded at each request's end from its
+Timeline (a :data:`gateway.telemetry.Sink`) and snapshotted for a scrape.
 
-The hot path does plain dict and list arithmetic (:class:`Histogram`, :class:`Counter`): no
-locks, no label objects, no string formatting. prometheus-client only renders, at scrape time,
-through its public exposition API: the text format, or OpenMetrics — with exemplars carrying the
-trace id — when the scraper asks for it.
-
-``workers > 1`` (one scrape of the shared port must give every worker's totals): each worker
-writes a snapshot of its aggregates to a shared directory (``$GATEWAY_METRICS_DIR``, made by
-``gateway serve``) once a second, at every scrape and at shutdown; the worker that answers a scrape
-writes its own snapshot first, then merges every worker's file. Every scrape therefore reads
-only files, and files only grow, so a counter never goes backwards between two scrapes answered
-by different workers; another worker's numbers are at most one second old. Exemplars survive the
-merge (the newest per bucket). Gauges count only workers that are alive. prometheus-client's own
-multiprocess mode was not used: it drops exemplars and takes a lock per observation.
+A request of one attempt or of none (a cache hit), without an error, edge hops or a stateful
+call, does one dict lookup for its (route, model, answered model, status, backend, cache,
+tenant) and gets the label tuples and histogram rows of every series it touches
+(:class:`_Plan`); any other request looks each series up (:func:`_record`; the same counts,
+tested against each other).
 
 Label values are bounded: ``route`` is a configured route name, ``model`` a route pattern or the
 model the upstream answered with (at most :data:`MAX_MODELS` distinct ones, then ``other``),
@@ -22,163 +15,53 @@ upstream.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import contextlib
 import fnmatch
-import json
-import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
     UnknownMetricFamily,
 )
-from prometheus_client.samples import Exemplar
 
 from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext
 from gateway.memo import remember
+from gateway.telemetry.metrics.groups import (
+    McpMetrics,
+    ObjectMetrics,
+    RealtimeMetrics,
+    SpendMetrics,
+)
+from gateway.telemetry.metrics.merge import (
+    GAUGES,
+    histogram_family,
+    merge_counters,
+    merge_gauges,
+)
+from gateway.telemetry.metrics.series import (
+    DURATION_BUCKETS,
+    FINE_BUCKETS,
+    Counter,
+    ExemplarData,
+    Histogram,
+    Labels,
+)
 from gateway.telemetry.spans import EdgeHop
 
-log = logging.getLogger("gateway.metrics")
-
-#: docs/spec.md §11: duration buckets cover 0.1 s … 10 s plus finer ones below (and LLM-long ones
-#: above)
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-#: the overhead and hop histograms start at 0.1 ms
-FINE_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025)
-FINE_BUCKETS = (*FINE_BUCKETS, 0.05, 0.1, 0.25, 0.5, 1)
 MAX_MODELS = 200
 OTHER = "other"
-METRICS_DIR_ENV = "GATEWAY_METRICS_DIR"
-SNAPSHOT_INTERVAL_S = 1.0
-
-Labels = tuple[str, ...]
 _bisect = bisect.bisect_left
 #: the hop histogram's labels of the gateway's own hops (docs/spec.md §11)
 _INTAKE: Labels = ("intake",)
 _AUTH: Labels = ("auth",)
 _ROUTER: Labels = ("router",)
 _UPSTREAM: Labels = ("upstream",)
-#: (trace id, value, unix time) of the newest traced observation in a bucket
-ExemplarData = tuple[int, float, float]
-
-
-class Counter:
-    __slots__ = ("doc", "labelnames", "name", "untyped", "values")
-
-    def __init__(self, name: str, doc: str, labelnames: Labels, untyped: bool = False) -> None:
-        self.name = name
-        self.doc = doc
-        self.labelnames = labelnames
-        self.values: dict[Labels, float] = {}
-        #: exposed as an untyped family under its full name (see :class:`RealtimeMetrics`)
-        self.untyped = untyped
-
-    def inc(self, labels: Labels, amount: float = 1.0) -> None:
-        values = self.values
-        values[labels] = values.get(labels, 0.0) + amount
-
-
-class Histogram:
-    __slots__ = ("bounds", "doc", "exemplars", "labelnames", "name", "series")
-
-    def __init__(self, name: str, doc: str, labelnames: Labels, bounds: tuple[float, ...]) -> None:
-        self.name = name
-        self.doc = doc
-        self.labelnames = labelnames
-        self.bounds = bounds
-        #: labels -> [count per bucket (non-cumulative, last = +Inf)..., sum]
-        self.series: dict[Labels, list[float]] = {}
-        #: labels -> bucket index -> exemplar
-        self.exemplars: dict[Labels, dict[int, ExemplarData]] = {}
-
-    def observe(
-        self, labels: Labels, value: float, trace_id: int | None = None, now: float = 0.0
-    ) -> None:
-        """Count ``value``; with ``trace_id``, keep it as its bucket's exemplar, stamped ``now``
-        (``time.time()``; 0: read the clock here)."""
-        row = self.series.get(labels)
-        if row is None:
-            row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
-        i = _bisect(self.bounds, value)  # le: a value equal to a bound counts in it
-        row[i] += 1
-        row[-1] += value
-        if trace_id is not None:
-            exemplars = self.exemplars.get(labels)
-            if exemplars is None:
-                exemplars = self.exemplars[labels] = {}
-            exemplars[i] = (trace_id, value, now or time.time())
-
-    def observe_each(self, pairs: tuple[tuple[Labels, float], ...]) -> None:
-        """:meth:`observe` of several (labels, value) without exemplars, in one call."""
-        series = self.series
-        bounds = self.bounds
-        for labels, value in pairs:
-            row = series.get(labels)
-            if row is None:
-                row = series[labels] = [0.0] * (len(bounds) + 2)
-            row[_bisect(bounds, value)] += 1
-            row[-1] += value
-
-
-class SpendMetrics:
-    """docs/spec.md §20: what the upstreams' usage cost, and the answers nobody priced."""
-
-    __slots__ = ("cost", "unpriced")
-
-    def __init__(self) -> None:
-        self.cost = Counter(
-            "gateway_cost_usd", "USD the upstreams' usage cost", ("route", "model", "tenant")
-        )
-        self.unpriced = Counter(
-            "gateway_unpriced_requests", "Upstream answers of models without a price", ("model",)
-        )
-
-    @property
-    def counters(self) -> tuple[Counter, ...]:
-        return self.cost, self.unpriced
-
-
-class ObjectMetrics:
-    """docs/spec.md §24: the stateful calls' streamed bytes and durations, by route and
-    operation (``files.create``, ``files.content``, ``message_batches.results``, …)."""
-
-    __slots__ = ("bytes", "duration")
-
-    def __init__(self) -> None:
-        self.bytes = Counter(
-            "gateway_object_bytes",
-            "Bytes of files and results streamed by stateful calls (upload: to the backend, "
-            "download: to the client)",
-            ("route", "operation", "direction"),
-        )
-        self.duration = Histogram(
-            "gateway_object_duration_seconds",
-            "Time of each stateful call (files, uploads, batches, conversations, vector "
-            "stores), first request byte to last response byte",
-            ("route", "operation"),
-            DURATION_BUCKETS,
-        )
-
-    def observe(self, ctx: RequestContext, seconds: float, trace_id: int | None) -> None:
-        call = ctx.object_call
-        if call is None:
-            return
-        route, operation = call
-        self.duration.observe(call, seconds, trace_id)
-        if ctx.upload_bytes is not None:
-            self.bytes.inc((route, operation, "upload"), ctx.upload_bytes)
-        if ctx.download_bytes is not None:
-            self.bytes.inc((route, operation, "download"), ctx.download_bytes)
 
 
 class Metrics:
@@ -405,14 +288,14 @@ class Metrics:
         for c in self.counters:
             family = UnknownMetricFamily if c.untyped else CounterMetricFamily
             fam = family(c.name, c.doc, labels=c.labelnames)
-            for labels, value in _merge_counters(snapshots, c.name).items():
+            for labels, value in merge_counters(snapshots, c.name).items():
                 fam.add_metric(labels, value)
             yield fam
         for h in self.histograms:
-            yield _histogram_family(h, snapshots)
+            yield histogram_family(h, snapshots)
         for name, (doc, labelnames, combine) in GAUGES.items():
             gauge = GaugeMetricFamily(name, doc, labels=labelnames)
-            for labels, value in _merge_gauges(snapshots, name, combine).items():
+            for labels, value in merge_gauges(snapshots, name, combine).items():
                 gauge.add_metric(labels, value)
             yield gauge
 
@@ -596,249 +479,4 @@ def _observe_hops(
     hops.observe_each((*pairs, (_UPSTREAM, upstream_s)) if ctx.attempts else pairs)
 
 
-#: gauge name -> (help, labels, how workers combine)
-
-
-GAUGES: dict[str, tuple[str, Labels, Callable[[list[float]], float]]] = {
-    "gateway_inflight_requests": ("Requests in flight", ("route",), sum),
-    "gateway_backend_up": ("1 = the backend is in rotation, 0 = ejected", ("backend",), min),
-    "gateway_ratelimit_fallback": (
-        "1 while rate limits count per process because Redis is unreachable",
-        (),
-        max,
-    ),
-    "gateway_budget_used_ratio": (
-        "Spent / budget of each tenant with a budget, this period (docs/spec.md §20)",
-        ("tenant",),
-        max,
-    ),
-    # the model servers' load as scraped (docs/spec.md §21): every worker scrapes the same
-    # server, so workers agree up to a scrape period (the freshest age is the process's)
-    "gateway_backend_queue_depth": (
-        "Requests waiting in the model server's queue",
-        ("backend",),
-        max,
-    ),
-    "gateway_backend_running_requests": ("Requests the model server runs", ("backend",), max),
-    "gateway_backend_kv_cache_usage_ratio": (
-        "The model server's KV-cache usage (0..1)",
-        ("backend",),
-        max,
-    ),
-    "gateway_backend_saturated": (
-        "1 = queue >= max_queue or KV-cache >= max_kv_cache: skipped while others are not",
-        ("backend",),
-        max,
-    ),
-    "gateway_backend_metrics_age_seconds": (
-        "Seconds since the model server's metrics were last scraped",
-        ("backend",),
-        min,
-    ),
-}
-
-
-def _merge_counters(snapshots: list[dict[str, Any]], name: str) -> dict[Labels, float]:
-    out: dict[Labels, float] = {}
-    for snap in snapshots:
-        for labels, value in snap["counters"].get(name, ()):
-            key = tuple(labels)
-            out[key] = out.get(key, 0.0) + value
-    return out
-
-
-def _merge_gauges(
-    snapshots: list[dict[str, Any]], name: str, combine: Callable[[list[float]], float]
-) -> dict[Labels, float]:
-    values: dict[Labels, list[float]] = {}
-    for snap in snapshots:
-        for labels, value in snap["gauges"].get(name, ()):
-            values.setdefault(tuple(labels), []).append(value)
-    return {labels: combine(vs) for labels, vs in values.items()}
-
-
-def _histogram_family(h: Histogram, snapshots: list[dict[str, Any]]) -> HistogramMetricFamily:
-    rows: dict[Labels, list[float]] = {}
-    exemplars: dict[Labels, dict[int, ExemplarData]] = {}
-    for snap in snapshots:
-        for labels, row, exs in snap["histograms"].get(h.name, ()):
-            key = tuple(labels)
-            acc = rows.get(key)
-            rows[key] = list(row) if acc is None else [a + b for a, b in zip(acc, row, strict=True)]
-            best = exemplars.setdefault(key, {})
-            for i, trace_id, value, ts in exs:
-                if i not in best or best[i][2] < ts:
-                    best[i] = (trace_id, value, ts)
-    fam = HistogramMetricFamily(h.name, h.doc, labels=h.labelnames)
-    bounds = [*(_le(b) for b in h.bounds), "+Inf"]
-    for labels, row in rows.items():
-        buckets: list[Any] = []
-        cumulative = 0.0
-        for i, le in enumerate(bounds):
-            cumulative += row[i]
-            ex = exemplars.get(labels, {}).get(i)
-            if ex is None:
-                buckets.append((le, cumulative))
-            else:
-                trace_id, value, ts = ex
-                buckets.append(
-                    (le, cumulative, Exemplar({"trace_id": f"{trace_id:032x}"}, value, ts))
-                )
-        fam.add_metric(labels, buckets, row[-1])
-    return fam
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
-
-
-# ---------------------------------------------------------------- workers > 1
-
-
-class WorkerSnapshots:
-    """Snapshot files of the workers sharing one port (see the module docstring)."""
-
-    def __init__(self, directory: str, metrics: Metrics) -> None:
-        self.dir = Path(directory)
-        self.metrics = metrics
-        self.path = self.dir / f"worker-{os.getpid()}.json"
-
-    def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.metrics.snapshot()))
-        os.replace(tmp, self.path)
-
-    def read_all(self) -> list[dict[str, Any]]:
-        """Every worker's snapshot; gauges only from workers still alive."""
-        out = []
-        for path in sorted(self.dir.glob("worker-*.json")):
-            try:
-                snap = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue  # a file being replaced or a torn one: the next scrape has it
-            if snap.get("pid") != os.getpid() and not _alive(int(snap.get("pid", 0))):
-                snap["gauges"] = {}
-            out.append(snap)
-        return out
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def scrape_snapshots(metrics: Metrics, workers: WorkerSnapshots | None) -> list[dict[str, Any]]:
-    if workers is None:
-        return [metrics.snapshot()]
-    with contextlib.suppress(OSError):
-        workers.write()
-    return workers.read_all()
-
-
-class Exposition:
-    """``GET /metrics``: content negotiation (text 0.0.4, or OpenMetrics with exemplars)."""
-
-    def __init__(self, metrics: Metrics, workers: WorkerSnapshots | None) -> None:
-        self.metrics = metrics
-        self.workers = workers
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self.workers is not None:
-            self._task = asyncio.get_running_loop().create_task(self._snapshots(self.workers))
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self.workers is not None:  # a stopped worker's totals still count
-            with contextlib.suppress(OSError):
-                self.workers.write()
-
-    @staticmethod
-    async def _snapshots(workers: WorkerSnapshots) -> None:
-        while True:
-            try:
-                workers.write()
-            except OSError as exc:
-                log.warning("metrics snapshot not written: %s", exc)
-            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
-
-    def render(self, accept: str) -> tuple[bytes, str]:
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder(accept)
-        snapshots = scrape_snapshots(self.metrics, self.workers)
-        return encoder(_Families(self.metrics, snapshots)), content_type
-
-
-class _Families:
-    """What prometheus-client's encoders call ``collect()`` on (a registry stand-in)."""
-
-    def __init__(self, metrics: Metrics, snapshots: list[dict[str, Any]]) -> None:
-        self._metrics = metrics
-        self._snapshots = snapshots
-
-    def collect(self) -> Iterator[Metric]:
-        return self._metrics.families(self._snapshots)
-
-
-# ---------------------------------------------------------------- realtime (docs/spec.md §19)
-
-
-class RealtimeMetrics:
-    """The realtime sessions of one process: open now (``gateway_realtime_sessions``), ended
-    by close code, and the per-message overhead in each direction (from a message's last byte
-    read on one side to its write on the other)."""
-
-    __slots__ = ("message_overhead", "open", "sessions")
-
-    DIRECTIONS = ("client_to_upstream", "upstream_to_client")
-
-    def __init__(self) -> None:
-        self.open = 0
-        # an untyped family named in full: a counter family would be
-        # "gateway_realtime_sessions" in OpenMetrics, the gauge's name (a clash that fails the
-        # whole scrape); its samples are the same, and rate() reads them as a counter's
-        self.sessions = Counter(
-            "gateway_realtime_sessions_total",
-            "Realtime sessions ended, by close code",
-            ("close_code",),
-            untyped=True,
-        )
-        self.message_overhead = Histogram(
-            "gateway_realtime_message_overhead_seconds",
-            "Per-message delay the gateway adds to a realtime session (read to written)",
-            ("direction",),
-            FINE_BUCKETS,
-        )
-
-
-class McpMetrics:
-    """MCP requests through the gateway (docs/spec.md §23), one per JSON-RPC message."""
-
-    __slots__ = ("duration", "requests")
-
-    def __init__(self) -> None:
-        self.requests = Counter(
-            "gateway_mcp_requests",
-            "MCP JSON-RPC requests, by server, method, tool and outcome",
-            ("server", "method", "tool", "status"),
-        )
-        self.duration = Histogram(
-            "gateway_mcp_request_duration_seconds",
-            "Time from an MCP request's first byte to its answer's last byte",
-            ("server", "method"),
-            DURATION_BUCKETS,
-        )
-
-
-GAUGES["gateway_realtime_sessions"] = ("Realtime sessions open", (), sum)
+__all__ = ["MAX_MODELS", "OTHER", "Metrics"]

@@ -21,16 +21,16 @@ from gateway.headers import header_value
 from gateway.hops.edge import read_body
 from gateway.mcp.exchange import (
     DENIED,
-    Relay,
+    AnswerRelay,
     bounded,
     read_json,
     rpc_error,
     send,
     start_attempt,
 )
-from gateway.mcp.hub import Call, Hub, Rejected, parse
+from gateway.mcp.hub import Hub, McpRequest, Rejected, parse
+from gateway.mcp.servers import McpUpstream
 from gateway.mcp.sessions import Session
-from gateway.mcp.upstream import McpUpstream
 from gateway.streaming.relay import until_disconnect
 
 
@@ -40,7 +40,7 @@ def denied(rid: Any, tool: Any) -> Rejected:
     return Rejected(200, body, "denied")
 
 
-async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
+async def post(hub: Hub, call: McpRequest, up: McpUpstream) -> None:
     ctx, facts = call.ctx, call.ctx.mcp
     body = await read_body(ctx, call.receive, up.config.max_message_bytes)
     msg = parse(body)
@@ -64,7 +64,7 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
         headers = [(k, v) for k, v in headers if k != "mcp-name"] + [("mcp-name", facts["tool"])]
     attempt = start_attempt(ctx, up, span_id, facts["method"])
     body = hub.inject(call, msg, span_id)
-    relay = Relay(ctx, up, attempt, call.out, rid, partial(hub.allowed, call.grant, up))
+    relay = AnswerRelay(ctx, up, attempt, call.out, rid, partial(hub.allowed, call.grant, up))
 
     async def exchange() -> None:
         resp = await send(ctx, up, attempt, "POST", headers, body)
@@ -82,7 +82,7 @@ async def post(hub: Hub, call: Call, up: McpUpstream) -> None:
     await until_disconnect(ctx, call.receive, bounded(up, exchange(), relay))
 
 
-async def stream(hub: Hub, call: Call, up: McpUpstream) -> None:
+async def stream(hub: Hub, call: McpRequest, up: McpUpstream) -> None:
     """GET: the server's notification stream, relayed until either side ends."""
     ctx, facts = call.ctx, call.ctx.mcp
     facts["method"] = "stream"
@@ -92,7 +92,7 @@ async def stream(hub: Hub, call: Call, up: McpUpstream) -> None:
     if session is not None and session.upstream.get(up.name, [""])[0]:
         headers.append(("mcp-session-id", session.upstream[up.name][0]))
     attempt = start_attempt(ctx, up, span_id, "stream")
-    relay = Relay(ctx, up, attempt, call.out, None, partial(hub.allowed, call.grant, up))
+    relay = AnswerRelay(ctx, up, attempt, call.out, None, partial(hub.allowed, call.grant, up))
 
     async def relayed() -> None:
         resp = await send(ctx, up, attempt, "GET", headers, None, stream=True)
@@ -101,7 +101,7 @@ async def stream(hub: Hub, call: Call, up: McpUpstream) -> None:
     await until_disconnect(ctx, call.receive, relayed())
 
 
-async def end(hub: Hub, call: Call, up: McpUpstream) -> None:
+async def end(hub: Hub, call: McpRequest, up: McpUpstream) -> None:
     """DELETE: the session ends here and upstream."""
     ctx, facts = call.ctx, call.ctx.mcp
     facts["method"] = "session/delete"

@@ -1,4 +1,4 @@
-"""The upstream socket (gateway/realtime/upstream.py), over real connections: the direct path
+"""The upstream socket (gateway/realtime/upstream_socket.py), over real connections: the direct path
 (each message is offered to the relay in the read that completed it, and never ahead of one that
 went to ``recv()`` before it and is not written yet), flow control, keepalive pings and the
 handshake's failures."""
@@ -11,8 +11,8 @@ import time
 import pytest
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 
-from gateway.realtime import upstream
-from gateway.realtime.upstream import Closed, open_websocket
+from gateway.realtime import upstream_socket
+from gateway.realtime.upstream_socket import Closed, open_websocket
 from tests.realtime.test_handshake import run
 
 
@@ -99,8 +99,8 @@ def test_writes_wait_while_the_upstream_reads_nothing_then_resume(realtime_upstr
 def test_an_unanswered_keepalive_ping_fails_the_connection_1011(realtime_upstream, monkeypatch):
     """No pong within PING_TIMEOUT_S: 1011 "keepalive ping timeout", and the connection is cut
     CLOSE_TIMEOUT_S later though the upstream never answers the close; pongs keep it open."""
-    monkeypatch.setattr(upstream, "PING_INTERVAL_S", 0.05)
-    monkeypatch.setattr(upstream, "PING_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(upstream_socket, "PING_INTERVAL_S", 0.05)
+    monkeypatch.setattr(upstream_socket, "PING_TIMEOUT_S", 0.2)
     up = realtime_upstream()
 
     async def main() -> None:
@@ -116,7 +116,7 @@ def test_an_unanswered_keepalive_ping_fails_the_connection_1011(realtime_upstrea
         with pytest.raises(Closed) as closed:
             await asyncio.wait_for(stalled.recv(), 5)
         assert (closed.value.code, closed.value.reason) == (1011, "keepalive ping timeout")
-        assert time.perf_counter() - started < 0.25 + upstream.CLOSE_TIMEOUT_S + 0.5
+        assert time.perf_counter() - started < 0.25 + upstream_socket.CLOSE_TIMEOUT_S + 0.5
         await alive.send(b'{"type":"still-here"}', True)  # many pings later, pongs came
         assert await asyncio.wait_for(alive.recv(), 5) == '{"type":"still-here"}'
         await alive.close(1000, "")

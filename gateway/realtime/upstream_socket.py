@@ -1,27 +1,23 @@
-"""The upstream side of a realtime session: one socket interface, two implementations.
+"""The upstream side of a realtime session: its socket (docs/spec.md §19).
 
-- :class:`WebSocketsSocket`: an asyncio protocol of ours over ``websockets``' public sans-I/O
-  client, ``ClientProtocol`` (a maintained library: the handshake's request and checks,
-  framing, masking, the answers to pings and the closing handshake are its work; the socket,
-  the queue, flow control, keepalive pings and timeouts are ours). The backend URL with
-  ``http`` → ``ws`` and ``https`` → ``wss``, ``/realtime`` and the client's query string
-  (docs/spec.md §19); the backend's own key; redirects are never followed (§13); no proxy (the
-  upstream URL comes only from config); no per-message deflate.
-- :class:`MockSocket`: ``mock://`` backends, in process (:mod:`gateway.mock.realtime`), so the
-  embedded default answers realtime sessions without any server.
+:class:`UpstreamSocket` is what the relay (:mod:`gateway.realtime.message_relay`) reads and
+writes; two implementations:
+
+- :class:`WebSocketsSocket` (here): an asyncio protocol of ours over ``websockets``' public
+  sans-I/O client, ``ClientProtocol`` (a maintained library: the handshake's request and
+  checks, framing, masking, the answers to pings and the closing handshake are its work; the
+  socket, the queue, flow control, keepalive pings and timeouts are ours). No per-message
+  deflate; what URL and headers it opens with is the handshake's
+  (:mod:`gateway.realtime.handshake`).
+- :class:`MockSocket`: ``mock://`` backends, in process
+  (:mod:`gateway.mock.realtime`), so the embedded default answers realtime sessions without
+  any server.
 
 Both raise :class:`Closed` from :meth:`recv` / :meth:`send` once the connection is over, with
 the close code and reason that concern the client: the upstream's close frame when it closed
 first; ours when this side failed it (a message over ``max_message_bytes`` → 1009, a
 keepalive ping unanswered → 1011); and ``lost`` when the connection ended without any close
 frame (the client then gets 1011).
-
-:func:`open_upstream` is the handshake as the upstream hop makes an HTTP request: the route's
-strategy over the backends in rotation for the model (passive health), retries with backoff and
-fallback, the retry budget — a failed handshake delivered nothing, so connect failures,
-timeouts and 429/502/503/504 answers are retried like a refused connection. When every attempt
-failed, the last error is what the client gets, as HTTP: 502/504, or the upstream's own error
-status and body.
 """
 
 from __future__ import annotations
@@ -29,51 +25,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
-import orjson
 from websockets.client import ClientProtocol
-from websockets.exceptions import (
-    ConnectionClosed,
-    InvalidHandshake,
-    InvalidMessage,
-    InvalidStatus,
-    InvalidURI,
-)
+from websockets.exceptions import ConnectionClosed, InvalidMessage
 from websockets.frames import Frame
 from websockets.http11 import Response
 from websockets.protocol import OPEN
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
-from gateway.context import Attempt, RequestContext
-from gateway.errors import (
-    GatewayError,
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamTimeout,
-    error_body,
-)
-from gateway.fleet.health import CONNECTION_FAILED, Health, answer_outcome
-from gateway.hops.upstream import (
-    BACKOFF_BASE_S,
-    BACKOFF_CAP_S,
-    RETRY_AFTER_CAP,
-    RETRYABLE_STATUS,
-    AttemptPlan,
-)
 from gateway.mock.engine import MockSettings
-from gateway.mock.realtime import MockRealtime, handshake_refusal
+from gateway.mock.realtime import MockRealtime
 from gateway.realtime.client_end import Take
 from gateway.realtime.frames import BINARY, CONT, PONG, TEXT, Reassembly
-from gateway.routes import Backend
 
 Message = str | bytes
+#: the status of an upstream WebSocket whose handshake succeeded (101 Switching Protocols)
+SWITCHED = 101
 
 #: incoming messages buffered from the upstream before reading from its socket pauses (each
 #: at most ``max_message_bytes``): a slow client slows the upstream instead of growing memory
@@ -88,18 +61,6 @@ PING_TIMEOUT_S = 20.0
 #: ``websockets``' own client does by default
 WRITE_LIMIT = 32 * 1024
 #: request headers that belong to the client's own WebSocket handshake: the upstream handshake
-#: makes its own (the subprotocols offered upstream are chosen apart, without the key)
-_OWN_HANDSHAKE = frozenset(
-    {
-        "sec-websocket-key",
-        "sec-websocket-version",
-        "sec-websocket-extensions",
-        "sec-websocket-protocol",
-        "sec-websocket-accept",
-        "origin",
-        "user-agent",
-    }
-)
 
 
 class Closed(Exception):
@@ -113,32 +74,14 @@ class Closed(Exception):
         self.lost = lost
 
 
-class UpstreamRefused(GatewayError):
-    """The upstream answered the handshake with an HTTP status instead of 101: its status and
-    body go to the client (docs/spec.md §19), as an upstream error answer does for HTTP."""
-
-    type = "upstream_error"
-
-    def __init__(self, status: int, body: bytes | None, retry_after: float | None) -> None:
-        text = (body or b"").decode("utf-8", "replace")
-        super().__init__(f"upstream refused the WebSocket handshake with {status}: {text[:200]}")
-        self.status = status
-        self.retry_after = retry_after
-        self.should_retry = status in RETRYABLE_STATUS
-        self._body = body
-
-    def body(self) -> bytes:
-        body = self._body
-        if body:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                if isinstance(orjson.loads(body), dict):
-                    return body  # the upstream's own error shape, as it sent it
-        return error_body(self.message, self.type, "upstream_handshake_refused")
-
-
 class UpstreamSocket(Protocol):
     #: the subprotocol the upstream selected (None: none)
     subprotocol: str | None
+
+    @property
+    def status(self) -> int:
+        """The handshake's status: :data:`SWITCHED` (the attempt loop reads an answer's)."""
+        ...
 
     @property
     def read_at(self) -> float:
@@ -336,6 +279,9 @@ class WebSocketsSocket(_Connection):
     after :data:`CLOSE_TIMEOUT_S` unless the upstream closed it first.
     """
 
+    #: the handshake's status (the attempt loop reads an answer's)
+    status = SWITCHED
+
     def data_received(self, data: bytes) -> None:
         self.read_at = time.perf_counter()
         protocol = self.protocol
@@ -509,59 +455,6 @@ async def open_websocket(
     return conn
 
 
-def _ws_url(http_url: str) -> str:
-    if http_url.startswith("https://"):
-        return "wss://" + http_url[8:]
-    if http_url.startswith("http://"):
-        return "ws://" + http_url[7:]
-    return http_url
-
-
-def _retry_after(headers: Any) -> float | None:
-    raw = headers.get("retry-after") if headers is not None else None
-    try:
-        return max(0.0, float(raw)) if raw is not None else None
-    except ValueError:
-        return None
-
-
-async def _connect_websockets(
-    backend: Backend,
-    url: str,
-    headers: list[tuple[str, str]],
-    subprotocols: Sequence[str],
-    max_size: int,
-) -> WebSocketsSocket:
-    try:
-        sock = await open_websocket(
-            _ws_url(url), headers, subprotocols, max_size, backend.config.read_timeout_s
-        )
-    except InvalidStatus as exc:
-        resp = exc.response
-        status = resp.status_code
-        if 300 <= status < 400:
-            raise UpstreamError(
-                f"upstream answered {status} (a redirect); redirects are not followed",
-                code="upstream_redirect",
-            ) from exc
-        body = bytes(resp.body) if resp.body is not None else None
-        raise UpstreamRefused(status, body, _retry_after(resp.headers)) from exc
-    except TimeoutError as exc:
-        raise UpstreamTimeout(
-            f"upstream {backend.name}: the WebSocket handshake timed out "
-            f"({backend.config.read_timeout_s:g} s)",
-            code="upstream_timeout",
-        ) from exc
-    except (InvalidHandshake, InvalidURI) as exc:
-        raise UpstreamError(
-            f"upstream {backend.name}: invalid WebSocket handshake: {exc}",
-            code="upstream_handshake_failed",
-        ) from exc
-    except OSError as exc:
-        raise UpstreamConnectError(f"upstream {backend.name} unreachable: {exc}") from exc
-    return sock
-
-
 # ---------------------------------------------------------------- mock://
 
 
@@ -569,6 +462,9 @@ class MockSocket:
     """A ``mock://`` backend's realtime session, in process (no socket, no framing)."""
 
     __slots__ = ("_closed", "_inbox", "_session", "read_at", "subprotocol")
+
+    #: the handshake's status (the attempt loop reads an answer's)
+    status = SWITCHED
 
     def __init__(self, settings: MockSettings, model: str, subprotocol: str | None) -> None:
         self.subprotocol = subprotocol
@@ -610,158 +506,17 @@ class MockSocket:
             self._inbox.put_nowait(None)
 
 
-async def _connect_mock(
-    backend: Backend, ctx: RequestContext, headers: list[tuple[str, str]], offered: Sequence[str]
-) -> MockSocket:
-    model = ctx.model or ""
-    refusal = handshake_refusal(model)
-    if refusal is not None:
-        status, body = refusal
-        raise UpstreamRefused(status, body, None)
-    try:
-        settings = MockSettings.from_url(backend.config.url).from_headers(dict(headers))
-    except ValueError as exc:
-        raise UpstreamRefused(400, error_body(str(exc), "invalid_request_error"), None) from exc
-    if settings.latency_ms:
-        await asyncio.sleep(settings.latency_ms / 1000)
-    sock = MockSocket(settings, model, "realtime" if "realtime" in offered else None)
-    await sock.open()
-    return sock
-
-
-# ---------------------------------------------------------------- the handshake hop
-
-
-def upstream_headers(ctx: RequestContext, backend: Backend) -> list[tuple[str, str]]:
-    """What the upstream handshake sends: the client's forwarded headers (hygiene applied by
-    the edge: no credential, no hop-by-hop header) without those of the client's own WebSocket
-    handshake, plus the backend's key."""
-    forward = [(k, v) for k, v in ctx.upstream_headers if k.lower() not in _OWN_HANDSHAKE]
-    return backend.request_headers(forward)
-
-
-class Handshake:
-    """Opens the upstream of a session: attempts, retries, fallback (one per app)."""
-
-    def __init__(
-        self,
-        health: Health,
-        attempt_headers: Any = None,
-        new_span_id: Any = lambda: 0,
-    ) -> None:
-        self.health = health
-        #: (ctx, attempt) -> traceparent headers of the attempt's span (None: not tracing)
-        self._attempt_headers = attempt_headers
-        self._new_span_id = new_span_id
-
-    async def open(
-        self,
-        ctx: RequestContext,
-        backends: tuple[Backend, ...],
-        retries: int,
-        offered: Sequence[str],
-        max_size: int,
-    ) -> tuple[UpstreamSocket, Attempt]:
-        """The upstream socket (its handshake done) and its attempt, or the last attempt's
-        :class:`GatewayError` when every attempt failed."""
-        health, model = self.health, ctx.model
-        plan = AttemptPlan(health.order(backends, model), retries + 1)
-        delay = 0.0
-        while (backend := plan.next()) is not None:
-            if delay:
-                await _wait(ctx, delay)
-            attempt = Attempt(backend, plan.number, self._new_span_id())
-            ctx.attempts.append(attempt)
-            if ctx.timeline.upstream_sent is None:
-                ctx.timeline.upstream_sent = attempt.start
-            health.begin(attempt, plan.is_retry, model)
-            try:
-                sock = await self._connect(ctx, backend, attempt, offered, max_size)
-            except UpstreamRefused as exc:
-                attempt.finished()
-                attempt.status, attempt.error = exc.status, exc
-                health.settle(attempt, answer_outcome(exc.status, model), model)
-                next_delay = self._after_refusal(ctx, exc, backend, plan)
-                if next_delay is None:
-                    raise
-                delay = next_delay
-                continue
-            except GatewayError as exc:
-                attempt.finished()
-                attempt.error = exc
-                health.settle(attempt, CONNECTION_FAILED, None)
-                if exc.code != "upstream_redirect" and self._another(ctx, plan, backend):
-                    delay = _backoff(plan.number)
-                    continue
-                raise
-            attempt.first_byte = ctx.timeline.upstream_first_byte = time.perf_counter()
-            attempt.status = 101
-            return sock, attempt  # settled when the session ends
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
-
-    async def _connect(
-        self,
-        ctx: RequestContext,
-        backend: Backend,
-        attempt: Attempt,
-        offered: Sequence[str],
-        max_size: int,
-    ) -> UpstreamSocket:
-        headers = upstream_headers(ctx, backend)
-        if self._attempt_headers is not None:
-            headers = [*headers, *self._attempt_headers(ctx, attempt)]
-        if backend.config.is_mock:
-            return await _connect_mock(backend, ctx, headers, offered)
-        url = backend.url_for(ctx.path, ctx.query)
-        return await _connect_websockets(backend, url, headers, offered, max_size)
-
-    def _after_refusal(
-        self,
-        ctx: RequestContext,
-        exc: UpstreamRefused,
-        backend: Backend,
-        plan: AttemptPlan[Backend],
-    ) -> float | None:
-        """After a status answer: the delay before the next attempt, or None to give it to the
-        client (not retryable, or no attempt left)."""
-        if exc.status not in RETRYABLE_STATUS:
-            return None
-        hint = exc.retry_after
-        if hint is not None and hint > RETRY_AFTER_CAP:
-            if plan.on_last_backend:
-                return None
-            plan.skip_backend()
-            return 0.0
-        if not self._another(ctx, plan, backend):
-            return None
-        return hint if hint is not None else _backoff(plan.number)
-
-    def _another(self, ctx: RequestContext, plan: AttemptPlan[Backend], backend: Backend) -> bool:
-        if plan.next_is_retry and not self.health.may_retry(backend, ctx.model):
-            plan.skip_backend()
-        return plan.more
-
-
-def _backoff(retry_number: int) -> float:
-    """Exponential backoff with full jitter from 100 ms (as the HTTP attempts, §13)."""
-    return random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (retry_number - 1)))
-
-
-async def _wait(ctx: RequestContext, delay: float) -> None:
-    asleep = time.perf_counter()
-    try:
-        await asyncio.sleep(delay)
-    finally:
-        ctx.timeline.backoff += time.perf_counter() - asleep
-
-
 __all__ = [
+    "CLOSE_TIMEOUT_S",
+    "PING_INTERVAL_S",
+    "PING_TIMEOUT_S",
+    "SWITCHED",
+    "UPSTREAM_QUEUE",
+    "WRITE_LIMIT",
     "Closed",
-    "Handshake",
     "Message",
     "MockSocket",
-    "UpstreamRefused",
     "UpstreamSocket",
     "WebSocketsSocket",
-    "upstream_headers",
+    "open_websocket",
 ]

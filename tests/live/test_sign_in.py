@@ -1,4 +1,4 @@
-"""The live view's sessions (gateway/live/session.py): signed, expiring tokens in a cookie that
+"""The live view's sessions (gateway/live/sign_in.py): signed, expiring tokens in a cookie that
 never holds the key; sign-in and sign-out over real sockets."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import httpx2
 import pytest
 
 from gateway.config import AuthKeyConfig, EdgeConfig
-from gateway.hops.edge import Edge
-from gateway.live.session import (
+from gateway.hops.edge import RequestEdge
+from gateway.live.sign_in import (
     SECRET_ENV,
     SESSION_TTL_S,
-    Sessions,
+    SignInTokens,
     ensure_secret,
     secret_from,
 )
@@ -44,11 +44,11 @@ class Clock:
         return self.now
 
 
-def sessions(secret: str = SECRET, keys: tuple[AuthKeyConfig, ...] = KEYS, **kw) -> Sessions:
-    return Sessions(keys, secret.encode(), **kw)
+def sessions(secret: str = SECRET, keys: tuple[AuthKeyConfig, ...] = KEYS, **kw) -> SignInTokens:
+    return SignInTokens(keys, secret.encode(), **kw)
 
 
-def token_for(key: str, s: Sessions) -> str:
+def token_for(key: str, s: SignInTokens) -> str:
     return s.issue(bytes.fromhex(digest(key)))
 
 
@@ -100,11 +100,11 @@ def test_workers_that_share_the_secret_accept_each_others_sessions():
     env: dict[str, str] = {}
     shared = ensure_secret(env)  # what `gateway serve` does before it spawns the workers
     assert len(shared) >= 32 and ensure_secret(env) == shared
-    first, second = (Sessions(KEYS, secret_from(env)) for _ in range(2))
+    first, second = (SignInTokens(KEYS, secret_from(env)) for _ in range(2))
     assert second.check(token_for(ADMIN_KEY, first)) == 0
     # no secret in the environment: one made for this process, the same every time asked
     assert secret_from({}) == secret_from({}) != shared.encode()
-    assert Sessions(KEYS, secret_from({})).check(token_for(ADMIN_KEY, first)) is None
+    assert SignInTokens(KEYS, secret_from({})).check(token_for(ADMIN_KEY, first)) is None
 
 
 def test_a_sign_out_revokes_the_token_in_the_process_that_answered_it():
@@ -141,7 +141,7 @@ def test_the_cookie_is_secure_when_the_client_came_over_tls(trusted, scheme, hea
         "headers": headers,
         "client": ("127.0.0.1", 4000),
     }
-    ctx = Edge(EdgeConfig(trusted_proxies=trusted)).accept(scope)
+    ctx = RequestEdge(EdgeConfig(trusted_proxies=trusted)).accept(scope)
     assert over_tls(ctx) is secure
 
 

@@ -76,7 +76,7 @@ def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-class Sessions:
+class SignInTokens:
     """Issues and checks the tokens of one view (one per process; stateless but for the
     revocations of sign-outs answered here)."""
 
@@ -155,4 +155,4 @@ class Sessions:
         return entry, expires, nonce
 
 
-__all__ = ["SECRET_ENV", "SESSION_TTL_S", "Sessions", "ensure_secret", "secret_from"]
+__all__ = ["SECRET_ENV", "SESSION_TTL_S", "SignInTokens", "ensure_secret", "secret_from"]

@@ -1,0 +1,79 @@
+"""Who may call and what it costs: ``[auth]`` with its ``[[auth.keys]]`` and
+``[[auth.tenants]]`` (limits, budgets, MCP and passthrough grants), and ``[[prices]]``
+(docs/spec.md §4, §20, §23, §26)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class AuthKeyConfig:
+    tenant: str
+    #: sha256 hex digest of the key (``gateway hash-key KEY``); the key itself is never stored
+    sha256: str
+    #: allowed model globs
+    models: tuple[str, ...] = ("*",)
+    #: requests per minute (None: unlimited)
+    rpm: int | None = None
+    #: tokens per minute, input + output, debited from the usage the upstream reports
+    tpm: int | None = None
+    #: may open the live view (``/_gateway/``) when auth is on
+    admin: bool = False
+    #: spend limit in USD per ``budget_period`` (docs/spec.md §20; None: no budget)
+    budget_usd: float | None = None
+    budget_period: Literal["day", "week", "month", "total"] = "month"
+    #: the ``[[mcp_servers]]`` this key may use (globs over their names; docs/spec.md §23):
+    #: none unless listed
+    mcp_servers: tuple[str, ...] = ()
+    #: the tools it may call there, as globs over ``{server}__{tool}``
+    mcp_tools: tuple[str, ...] = ("*",)
+    #: the paths the gateway does not model that this key may reach, globs over the whole
+    #: path (docs/spec.md §26); None: none, or every path for an admin key
+    passthrough: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A budget shared by every key of one tenant (docs/spec.md §20)."""
+
+    name: str
+    budget_usd: float | None = None
+    budget_period: Literal["day", "week", "month", "total"] = "month"
+    #: narrow what its keys may use on MCP servers (docs/spec.md §23; None: as the key says)
+    mcp_servers: tuple[str, ...] | None = None
+    mcp_tools: tuple[str, ...] | None = None
+    #: narrow the paths its keys may reach unmodelled (docs/spec.md §26; None: as the key says)
+    passthrough: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    mode: Literal["off", "keys"] = "off"
+    #: limits shared by replicas; None: the [cache] url when cache.backend = "redis", else
+    #: in-process counting
+    redis_url: str | None = None
+    #: per Redis command of the limiter; a dead Redis costs at most this (then a breaker)
+    timeout_ms: float = 50.0
+    keys: tuple[AuthKeyConfig, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PriceConfig:
+    """USD per 1M tokens for the models matching ``models`` (docs/spec.md §20)."""
+
+    models: tuple[str, ...]
+    input: float
+    output: float
+    #: prompt tokens served from the provider's prompt cache [input]
+    cached_input: float | None = None
+    #: Anthropic ``cache_creation_input_tokens`` [input]
+    cache_write: float | None = None
+    #: a batch's usage is priced at the list price times this (OpenAI and Anthropic bill
+    #: batches at half price; docs/spec.md §24)
+    batch_discount: float = 0.5
+
+
+__all__ = ["AuthConfig", "AuthKeyConfig", "PriceConfig", "TenantConfig"]

@@ -1,0 +1,69 @@
+"""What the gateway tells: ``[tracing]``, ``[logging]``, ``[metrics]`` and ``[ui]``, the live
+view (docs/spec.md §7, §17, §18)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    exporter: Literal["otlp", "console", "none"] = "none"
+    #: OTLP endpoint; unset = OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT or the SDK default
+    endpoint: str | None = None
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    sample_ratio: float = 1.0
+    service_name: str = "llm-gateway"
+    trust_incoming: bool = True
+    #: put prompts and completions on spans (off: they never leave the process)
+    capture_content: bool = False
+    #: export queue bounds: a dead collector costs dropped spans, never request time. Bigger
+    #: batches than the SDK's 512: each export call costs ~0.7 ms of CPU however small it is
+    max_queue_size: int = 8192
+    max_export_batch_size: int = 2048
+    schedule_delay_ms: float = 1000.0
+    export_timeout_s: float = 5.0
+    #: on shutdown, wait at most this long for the exporter to flush
+    shutdown_timeout_s: float = 3.0
+    #: the keys of this section the file or a ``GATEWAY__TRACING__*`` variable wrote (filled
+    #: by :func:`build_config`): those win over ``OTEL_*`` variables (docs/spec.md §7)
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def is_explicit(self, name: str) -> bool:
+        """Whether key ``name`` was written (or, for a section built in code, differs from its
+        default): then it wins over the matching ``OTEL_*`` variable."""
+        if name in self.explicit:
+            return True
+        default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+        return bool(getattr(self, name) != default)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    access_log: Literal["all", "sampled", "off"] = "sampled"
+    slow_ms: float = 500.0
+    sample_ratio: float = 0.01
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    #: "json": every line the process writes is one JSON object; "text": for humans
+    format: Literal["json", "text"] = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    #: GET /metrics (false: no endpoint and no per-request cost)
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class UiConfig:
+    #: the built-in live view (docs/spec.md §18). Unset: on when the gateway listens on loopback
+    #: only or auth is on, off otherwise (resolved by :func:`build_config`)
+    enabled: bool | None = None
+    path: str = "/_gateway/"
+    #: requests kept in its ring buffer
+    recent: int = 500
+
+
+__all__ = ["LoggingConfig", "MetricsConfig", "TracingConfig", "UiConfig"]
