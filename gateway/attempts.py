@@ -4,7 +4,7 @@ walks the same steps, written once here::
 
     plan      the backends in order, ``tries`` times each (:class:`AttemptPlan`)
     health    each attempt begun and settled in passive health; a retry to the backend that
-              just failed only within its retry budget (:mod:`gateway.hops.health`)
+              just failed only within its retry budget (:mod:`gateway.fleet.health`)
     connect   the caller's :meth:`AttemptLoop.connect`: the request sent, its answer's head
     classify  a failure that raised, a redirect (refused), a retryable status, an answer
     backoff   the wait before the next attempt, booked as the request's ``backoff``
@@ -39,7 +39,7 @@ from typing import Generic, NoReturn, Protocol, TypeVar
 
 from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.hops.health import CONNECTION_FAILED, SUCCESS, Health, RoutePlan, answer_outcome
+from gateway.fleet.health import CONNECTION_FAILED, SUCCESS, Health, RoutePlan, answer_outcome
 from gateway.routes import Backend
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})

@@ -247,8 +247,27 @@ class LiveSession(Protocol):
     def view(self) -> dict[str, Any]: ...
 
 
+class CallerKey(Protocol):
+    """The caller's API key entry as the parts after the auth hop read it
+    (:class:`gateway.hops.auth.KeyEntry`; the key itself is never kept, only its digest)."""
+
+    #: the sha256 of the key
+    digest: bytes
+    tenant: str
+    #: ``admin = true``: may open the live view, reach every passthrough path
+    admin: bool
+    #: a budget of its own or of its tenant's: what it calls must have a price
+    budgeted: bool
+    #: its model calls reserve before going upstream (tpm, budgets): the auth hop's admit step
+    metered: bool
+
+    def permits(self, model: str) -> bool:
+        """Whether its ``models`` globs allow ``model``."""
+        ...
+
+
 class Pricing(Protocol):
-    """What prices a finished request (:class:`gateway.spend.Prices`)."""
+    """What prices a finished request (:class:`gateway.budgets.spend.Prices`)."""
 
     def cost(self, ctx: RequestContext) -> float | None: ...
 
@@ -297,6 +316,7 @@ class Answer:
     """What came back: status (set by the response writer), usage, cost, ids, the error if any."""
 
     __slots__ = (
+        "admission_due",
         "captured",
         "cost_usd",
         "costed",
@@ -305,7 +325,6 @@ class Answer:
         "pricing",
         "reservation",
         "reserved_nano",
-        "reserved_shared",
         "reserved_tokens",
         "response_id",
         "response_model",
@@ -323,20 +342,21 @@ class Answer:
         self.finish_reasons: list[str] | None = None
         #: completion text pieces, collected only with tracing.capture_content = true
         self.captured: list[str] | None = None
-        #: how this request's usage is priced (:class:`gateway.spend.Prices`, named by the auth
-        #: hop); None: it is not priced at all
+        #: how this request's usage is priced (:class:`gateway.budgets.spend.Prices`, named by
+        #: the auth hop); None: it is not priced at all
         self.pricing: Pricing | None = None
-        #: the cost in USD, worked out once when first asked (:func:`gateway.spend.cost`;
+        #: the cost in USD, worked out once when first asked (:func:`gateway.budgets.spend.cost`;
         #: None: no price for the model, or not a model call)
         self.cost_usd: float | None = None
         self.costed = False
         #: what the auth hop reserved before the upstream call (tpm tokens, budget nano-USD),
-        #: replaced by the real usage at the end; whether it was reserved in the shared store
+        #: replaced by the real usage at the end
         self.reserved_tokens = 0
         self.reserved_nano = 0
-        #: None while the reservation is due (set by the auth hop, made by its admit step)
-        self.reserved_shared: bool | None = False
-        #: the reservation's id (gateway/hops/reservations.py; '' when nothing was reserved)
+        #: the model call's limits are still to be checked (and its worst case reserved) by the
+        #: auth hop's admit step, once the body is parsed: set when the key is identified
+        self.admission_due = False
+        #: the reservation's id (gateway/budgets/reservations.py; '' when nothing was reserved)
         self.reservation = ""
 
     @property
@@ -412,8 +432,9 @@ class RequestContext:
     admin = False
     #: the models the caller's key may call (None: every model); the router asks it
     permits: Callable[[str], bool] | None = None
-    #: the caller's key entry (:class:`gateway.hops.auth.KeyEntry`), for the token debit
-    limit_key: object | None = None
+    #: the caller's key entry (None: auth off), whose limits and budgets the request counts
+    #: against
+    limit_key: CallerKey | None = None
     # -- from the router
     #: the response coding negotiated from Accept-Encoding (docs/spec.md §9)
     coding = "identity"

@@ -15,7 +15,6 @@ import orjson
 from gateway.context import RequestContext
 from gateway.errors import Forbidden, GatewayError, InvalidRequest, NotFound, UpstreamError
 from gateway.headers import header_value
-from gateway.hops.auth import KeyEntry
 from gateway.hops.edge import read_body, stream_body
 from gateway.hops.held import hold, listing, send_held
 from gateway.hops.ownership import response_path_id
@@ -117,8 +116,8 @@ async def _unmodelled(
     ``passthrough`` grant (403), never naming another tenant's object in its path, query or
     JSON body (404), and never answered with a listing of stored objects, which the gateway
     could not filter to the tenant (403)."""
-    entry = ctx.limit_key
-    digest = entry.digest if isinstance(entry, KeyEntry) else b""
+    key = ctx.limit_key
+    digest = key.digest if key is not None else b""
     if ctx.path.startswith(_UNPLACEABLE):
         raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
     if not passthrough_for(rt.config.auth).allows(digest, ctx.path):

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from gateway.cache.service import ResponseCache, make_store
 from gateway.config import Config
 from gateway.context import LiveSession
+from gateway.fleet.health import Health
+from gateway.fleet.load import Fleet
 from gateway.hops.auth import Auth, build_auth
 from gateway.hops.edge import RequestEdge
-from gateway.hops.fleet import Fleet
-from gateway.hops.health import Health
 from gateway.hops.ownership import Ownership, build_ownership
 from gateway.hops.router import Router
 from gateway.hops.upstream import Upstream

@@ -21,7 +21,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.hops.health import BUDGET_FLOOR_PER_S, BUDGET_RATIO
+from gateway.fleet.health import BUDGET_FLOOR_PER_S, BUDGET_RATIO
 from tests.faults import FaultServer, FaultyUpstream, expected_text
 from tests.gateway_process import (
     Answer,

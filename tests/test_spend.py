@@ -704,8 +704,8 @@ def test_redis_killed_mid_run_each_replica_spends_at_most_what_it_last_saw_left(
 def test_the_example_prices_match_the_more_specific_pattern_first(model, prices):
     from pathlib import Path
 
+    from gateway.budgets.spend import Prices
     from gateway.config import load_config
-    from gateway.spend import Prices
 
     path = Path(__file__).resolve().parent.parent / "config/examples/prices.toml"
     price = Prices(load_config(path, env={}).prices).of(model)

@@ -11,10 +11,12 @@ A request waits for Redis at most ``cache.timeout_ms`` per command, however Redi
   opens and calls fail at once without touching the network; after ``breaker_reset_s``
   one probe goes out, and a success resumes caching -- no restart needed.
 
+The client is the one every store uses (:func:`gateway.store.connect.connect`), and every
+command goes through the store's guard (:class:`gateway.store.guard.GuardedRedis`).
 Client-side retries are off (a retry would double the wait), and redis-py's own retry of the
 connect is off too. The standalone pool is a ``BlockingConnectionPool`` that waits for a free
 connection at most the timeout (then fails) rather than queueing forever; Redis Cluster goes
-through :class:`gateway.cache.cluster.ClusterClient` (a standalone client per node), whose
+through :class:`gateway.store.cluster.ClusterClient` (a standalone client per node), whose
 nodes fail at once when their pool is full. Only redis-py's public API is used.
 
 A timed-out or cancelled command leaves a half-read reply on its socket. redis-py disconnects
@@ -33,25 +35,16 @@ import asyncio
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Final
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
-from gateway.cache.breaker import CircuitBreaker
-from gateway.cache.cluster import ClusterClient
-from gateway.cache.guard import RedisGuard, close_quietly
 from gateway.cache.store import CacheUnavailable, lock_key
 from gateway.config import CacheConfig
+from gateway.store.breaker import CircuitBreaker
+from gateway.store.connect import DEFAULT_MAX_CONNECTIONS
+from gateway.store.guard import GuardedRedis
 
 log = logging.getLogger("gateway.cache")
 
-T = TypeVar("T")
-
-#: connections per process (per node for Cluster); a command takes ~0.1 ms on a LAN
-DEFAULT_MAX_CONNECTIONS: Final = 64
 #: follower polling: start fast (the leader may be nearly done), back off to this
 _POLL_FIRST_S: Final = 0.005
 _POLL_MAX_S: Final = 0.05
@@ -85,42 +78,11 @@ def _ttl_ms(ttl_s: float) -> int:
     return max(1, int(ttl_s * 1000))
 
 
-def connect(
-    url: str,
-    timeout_s: float,
-    *,
-    password: str | None = None,
-    cluster: bool = False,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-) -> Redis | ClusterClient:
-    """A client whose every socket read and connect is bounded by ``timeout_s``, with no
-    client-side retries, speaking RESP2 (the cache and the rate limiter both use it)."""
-    common: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
-        "retry": Retry(NoBackoff(), 0),
-        "decode_responses": False,
-        "health_check_interval": 0,
-        # RESP2, not redis-py 8's default RESP3: RESP3 turns on maintenance notifications
-        # ("auto"), and with them on the pool skips its check that a pooled connection has
-        # no unread data or EOF (``ConnectionPool.ensure_connection``), so each idle
-        # connection to a restarted Redis would fail one request instead of reconnecting.
-        "protocol": 2,
-    }
-    if password is not None:
-        # a password in the URL wins over this one (redis-py: URL options win)
-        common["password"] = password
-    if cluster:
-        # gateway/cache/cluster.py: slots routed here, no COMMAND table (why: its module)
-        return ClusterClient(url, max_connections=max_connections, **common)
-    pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=timeout_s, **common
-    )
-    return Redis.from_pool(pool)
-
-
-class RedisStore:
+class RedisStore(GuardedRedis):
     name = "redis"
+    error = CacheUnavailable
+    what = "redis"
+    log = log
 
     def __init__(
         self,
@@ -129,12 +91,6 @@ class RedisStore:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        self._timeout = cfg.timeout_ms / 1000.0
-        self._breaker = breaker or CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
-        self._guard = RedisGuard(
-            self._breaker, self._timeout, CacheUnavailable, self._down, self._up
-        )
-        self._url = cfg.url
         password: str | None = None
         if cfg.password_env:
             password = os.environ.get(cfg.password_env)
@@ -142,21 +98,15 @@ class RedisStore:
                 raise ValueError(
                     f"cache.password_env: environment variable {cfg.password_env} is not set"
                 )
-        self._client = connect(
+        self._url = cfg.url
+        super().__init__(
             cfg.url,
-            self._timeout,
+            cfg.timeout_ms / 1000.0,
             password=password,
             cluster=cfg.cluster,
             max_connections=max_connections,
+            breaker=breaker or CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s),
         )
-
-    @property
-    def breaker(self) -> CircuitBreaker:
-        return self._breaker
-
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis command under the breaker and the timeout; failures -> CacheUnavailable."""
-        return await self._guard.call(op)
 
     def _down(self, exc: Exception) -> None:
         log.warning(
@@ -164,7 +114,7 @@ class RedisStore:
             self._url_for_log,
             type(exc).__name__,
             exc,
-            self._breaker.reset_s,
+            self.breaker.reset_s,
         )
 
     def _up(self) -> None:
@@ -179,7 +129,7 @@ class RedisStore:
     # ------------------------------------------------------------ the store
 
     async def get(self, key: str) -> bytes | None:
-        value = await self._call(lambda: self._client.get(key))
+        value = await self.call(lambda: self.client.get(key))
         if value is None or isinstance(value, bytes):
             return value
         raise CacheUnavailable(f"redis returned {type(value).__name__}, expected bytes")
@@ -187,26 +137,26 @@ class RedisStore:
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         if ttl_s <= 0:  # no lifetime: nothing to store (as MemoryStore)
             return
-        await self._call(lambda: self._client.set(key, value, px=_ttl_ms(ttl_s)))
+        await self.call(lambda: self.client.set(key, value, px=_ttl_ms(ttl_s)))
 
     async def try_lock(self, key: str, ttl_s: float) -> str | None:
         token = secrets.token_hex(16)
-        acquired = await self._call(
-            lambda: self._client.set(lock_key(key), token, px=_ttl_ms(ttl_s), nx=True)
+        acquired = await self.call(
+            lambda: self.client.set(lock_key(key), token, px=_ttl_ms(ttl_s), nx=True)
         )
         return token if acquired else None
 
     async def unlock(self, key: str, token: str) -> None:
-        await self._call(lambda: self._eval_unlock(lock_key(key), token))
+        await self.call(lambda: self._eval_unlock(lock_key(key), token))
 
     async def _eval_unlock(self, lock: str, token: str) -> object:
         # EVAL, not EVALSHA: the script is tiny and this saves the NOSCRIPT round trip
-        return await self._client.eval(_UNLOCK_LUA, 1, lock, token)
+        return await self.client.eval(_UNLOCK_LUA, 1, lock, token)
 
     async def get_or_lock(self, key: str, lock_ttl_s: float) -> tuple[bytes | None, str | None]:
         token = secrets.token_hex(16)
-        reply = await self._call(
-            lambda: self._client.eval(
+        reply = await self.call(
+            lambda: self.client.eval(
                 _GET_OR_LOCK_LUA, 2, key, lock_key(key), token, _ttl_ms(lock_ttl_s)
             )
         )
@@ -221,12 +171,12 @@ class RedisStore:
 
     async def set_and_unlock(self, key: str, value: bytes, ttl_s: float, token: str) -> None:
         ttl = _ttl_ms(ttl_s) if ttl_s > 0 else 1
-        await self._call(
-            lambda: self._client.eval(_SET_AND_UNLOCK_LUA, 2, key, lock_key(key), value, ttl, token)
+        await self.call(
+            lambda: self.client.eval(_SET_AND_UNLOCK_LUA, 2, key, lock_key(key), value, ttl, token)
         )
 
     async def _locked(self, key: str) -> bool:
-        return bool(await self._call(lambda: self._client.exists(lock_key(key))))
+        return bool(await self.call(lambda: self.client.exists(lock_key(key))))
 
     async def wait_for(self, key: str, timeout_s: float) -> bytes | None:
         delay = _POLL_FIRST_S
@@ -251,10 +201,3 @@ class RedisStore:
                     delay = min(delay * 2, _POLL_MAX_S)
         except TimeoutError:
             return None
-
-    def state(self) -> str:
-        state = self._breaker.state
-        return "ok" if state == "closed" else state
-
-    async def aclose(self) -> None:
-        await close_quietly(self._client, log, "redis")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.cache.guard import RedisUnavailable
+from gateway.store.guard import RedisUnavailable
 
 #: lock keys live beside their entry key
 LOCK_SUFFIX = ":lock"

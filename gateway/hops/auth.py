@@ -14,7 +14,7 @@ Then, per key entry:
 - no key → 401 ``missing_api_key``; an unknown key → 401 ``invalid_api_key``;
 - the model (known once the router parsed the body) outside the key's ``models`` globs → 403
   ``model_not_allowed`` (checked by the router through ``ctx.permits``);
-- ``rpm`` / ``tpm`` (:mod:`gateway.hops.limits`) over → 429 ``rate_limit_exceeded`` with
+- ``rpm`` / ``tpm`` (:mod:`gateway.budgets.limits`) over → 429 ``rate_limit_exceeded`` with
   ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, which also go out on every answer to a
   limited key;
 - a budget (the key's ``budget_usd``, its tenant's ``[[auth.tenants]]``) that this request's
@@ -25,17 +25,17 @@ Then, per key entry:
 A model call's tokens and cost are known only from its body, so for a key with ``tpm`` or a
 budget its limits are checked by :meth:`Auth.admit` once the router parsed the body: budgets,
 tokens and requests in one step (one Redis script), reserving the request's worst case
-(:func:`gateway.spend.estimate`). The end of the request (:meth:`Auth.finished`) replaces the
-reservation with the usage the upstream reported and its cost; a cache hit costs nothing; an
-answer that completed without reporting usage (an upstream that ignored the
+(:func:`gateway.budgets.spend.estimate`). The end of the request (:meth:`Auth.finished`)
+replaces the reservation with the usage the upstream reported and its cost; a cache hit costs
+nothing; an answer that completed without reporting usage (an upstream that ignored the
 ``stream_options.include_usage`` the gateway asked for) keeps its reservation as its cost; a
-stream the client cut is charged what was relayed (:func:`gateway.spend.charge_relayed`). A
-key with a budget may not call a model without a price (403 ``model_not_priced``: it could
-spend unmetered), and may not use the passthrough paths (``/v1/*`` that are no model call:
-nothing meters them) unless it is an admin key — 403 ``budget_passthrough``; reading or
-cancelling a stored response (docs/spec.md §22) spends nothing and stays open, and files,
-uploads, batches and Anthropic message batches are metered per batch
-(:mod:`gateway.stateful.metering`, docs/spec.md §24).
+stream the client cut is charged what was relayed
+(:func:`gateway.budgets.spend.charge_relayed`). A key with a budget may not call a model without
+a price (403 ``model_not_priced``: it could spend unmetered), and may not use the passthrough
+paths (``/v1/*`` that are no model call: nothing meters them) unless it is an admin key — 403
+``budget_passthrough``; reading or cancelling a stored response (docs/spec.md §22) spends
+nothing and stays open, and files, uploads, batches and Anthropic message batches are metered
+per batch (:mod:`gateway.budgets.metering`, gateway/stateful/batch_checks.py, docs/spec.md §24).
 
 The tenant names the cache scope (docs/spec.md §10), the ``gateway.tenant`` span attribute, the
 access log's ``tenant``, the cost metric and the live view's records.
@@ -49,31 +49,31 @@ import hashlib
 import hmac
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
-from gateway.context import Call, RequestContext
-from gateway.errors import Forbidden, RateLimited, Unauthorized
-from gateway.hops.limits import (
+from gateway.budgets.limits import (
     Allowance,
     Budget,
     Limits,
-    MemoryLimits,
-    RedisLimits,
     Spent,
     Verdict,
     new_rid,
     reset_text,
     spend_key,
 )
+from gateway.budgets.memory_limits import MemoryLimits
+from gateway.budgets.redis_limits import RedisLimits
+from gateway.budgets.spend import PERIOD_TEXT, Prices, cost, estimate, nano, unreported, usd_text
+from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
+from gateway.context import Call, RequestContext
+from gateway.errors import Forbidden, RateLimited, Unauthorized
 from gateway.hops.ownership import response_path_id
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
-from gateway.spend import PERIOD_TEXT, Prices, cost, estimate, nano, unreported, usd_text
+from gateway.store.connect import shared_redis
 
 log = logging.getLogger("gateway.auth")
 
@@ -223,12 +223,11 @@ class Auth:
                 )
             model_call = not passthrough and ctx.method == "POST" and ctx.path in BY_PATH
             if entry.metered and model_call:
-                ctx.answer.reserved_shared = None  # admit() is due once the body is parsed
+                ctx.answer.admission_due = True  # admit() once the body is parsed
             elif entry.limited:
                 limits = self.limits
-                if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
-                    verdict = limits.admit_now(entry.allowance, 0, 0)
-                else:
+                verdict = limits.admit_now(entry.allowance, 0, 0)  # per process: no coroutine
+                if verdict is None:
                     verdict = await limits.admit(entry.allowance, 0, 0)
                 _admitted(ctx, entry, verdict, 0, 0)
         finally:
@@ -238,10 +237,10 @@ class Auth:
         """A model call's limits once its body is parsed: budgets, tpm and rpm in one step,
         reserving its worst case (docs/spec.md §20). ``upstream``: it may go upstream (a cache
         hit reserves nothing)."""
-        entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or not entry.metered:
+        entry = self._entry(ctx)
+        if entry is None or not entry.metered:
             return
-        ctx.answer.reserved_shared = False  # admitted (below) or refused: no longer due
+        ctx.answer.admission_due = False  # admitted (below) or refused: no longer due
         tokens = reserve = 0
         if upstream:
             api = BY_PATH[call.path]
@@ -262,37 +261,38 @@ class Auth:
                 reserve = price.reserve_nano(most_in, most_out)
         limits = self.limits
         rid = new_rid() if tokens or reserve else ""
-        if isinstance(limits, MemoryLimits):  # per process: no coroutine to await
-            verdict = limits.admit_now(entry.allowance, tokens, reserve, rid)
-        else:
+        verdict = limits.admit_now(entry.allowance, tokens, reserve, rid)  # no coroutine
+        if verdict is None:
             verdict = await limits.admit(entry.allowance, tokens, reserve, rid)
         _admitted(ctx, entry, verdict, tokens, reserve)
         answer = ctx.answer
         answer.reserved_tokens = tokens
         answer.reserved_nano = reserve
-        answer.reserved_shared = verdict.shared
         answer.reservation = rid
 
     async def admit_batch(self, ctx: RequestContext, worst_nano: int) -> None:
         """A batch's worst case against the caller's budgets (docs/spec.md §24): 429
         ``budget_exceeded`` when it does not fit what is left; nothing stays reserved."""
-        entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or not entry.budgeted:
+        entry = self._entry(ctx)
+        if entry is None or not entry.budgeted:
             return
         rid = new_rid()
         verdict = await self.limits.admit(entry.budgets_only, 0, worst_nano, rid)
         if not verdict.allowed:
             raise _over_budget(verdict, [], worst_nano)
-        await self.limits.settle(
-            entry.budgets_only, Spent(0, 0, worst_nano, 0, verdict.shared, rid)
-        )
+        await self.limits.settle(entry.budgets_only, Spent(0, 0, worst_nano, 0, rid=rid))
 
     async def debit_batch(self, ctx: RequestContext, rid: str, cost_nano: int) -> None:
         """A batch's cost, read from its results, debited from the caller's budgets under
         ``rid`` (derived from the batch: applied at most once, docs/spec.md §24)."""
-        entry = ctx.limit_key
-        if isinstance(entry, KeyEntry) and entry.budgeted and cost_nano > 0:
-            await self.limits.settle(entry.budgets_only, Spent(0, 0, 0, cost_nano, False, rid))
+        entry = self._entry(ctx)
+        if entry is not None and entry.budgeted and cost_nano > 0:
+            await self.limits.settle(entry.budgets_only, Spent(0, 0, 0, cost_nano, rid=rid))
+
+    def _entry(self, ctx: RequestContext) -> KeyEntry | None:
+        """The entry of the key the request was identified by (None: auth off)."""
+        key = ctx.limit_key
+        return None if key is None else self._keys[key.digest]
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:
@@ -309,10 +309,10 @@ class Auth:
 
     def finished(self, ctx: RequestContext, _edges: object = None) -> None:
         """A telemetry sink: replace the request's reservation with what it really used."""
-        entry = ctx.limit_key
-        if not isinstance(entry, KeyEntry) or not entry.metered:
+        entry = self._entry(ctx)
+        if entry is None or not entry.metered:
             return
-        if ctx.answer.reserved_shared is None and ctx.call is not None and not self._unchecked:
+        if ctx.answer.admission_due and ctx.call is not None and not self._unchecked:
             self._unchecked = True  # the request path never called admit(): say so, once
             log.error(
                 "auth: a model call of a key with tpm or a budget went through without "
@@ -325,8 +325,7 @@ class Auth:
         if not (spent.tokens or spent.cost or spent.reserved_tokens or spent.reserved_cost):
             return
         limits = self.limits
-        if isinstance(limits, MemoryLimits):
-            limits.settle_now(entry.allowance, spent)
+        if limits.settle_now(entry.allowance, spent):  # per process: no coroutine
             return
         task = asyncio.get_running_loop().create_task(limits.settle(entry.allowance, spent))
         self._pending.add(task)
@@ -368,14 +367,7 @@ def used(ctx: RequestContext, priced: bool) -> Spent:
     """What a finished request reserved and really used (docs/spec.md §20): nothing for a
     cache hit; its usage and cost; its reservation when it completed without telling usage."""
     answer = ctx.answer
-    spent = Spent(
-        answer.reserved_tokens,
-        0,
-        answer.reserved_nano,
-        0,
-        bool(answer.reserved_shared),
-        answer.reservation,
-    )
+    spent = Spent(answer.reserved_tokens, 0, answer.reserved_nano, 0, answer.reservation)
     if ctx.cache.result == "hit":
         return spent
     usage = answer.tokens
@@ -492,7 +484,8 @@ def _over_budget(v: Verdict, headers: list[tuple[bytes, bytes]], reserve: int) -
 
 def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth:
     """The hop for a config: limits in Redis when one is named (``auth.redis_url``, else the
-    ``[cache]`` Redis), else per process."""
+    ``[cache]`` Redis), else per process. Each limiter command waits at most
+    ``auth.timeout_ms``, whichever Redis it is."""
     cfg = config.auth
     prices = Prices(config.prices)
     if cfg.mode == "off":
@@ -500,15 +493,10 @@ def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth
     budgets = any(k.budget_usd for k in cfg.keys) or any(t.budget_usd for t in cfg.tenants)
     if not budgets and not any(k.rpm or k.tpm for k in cfg.keys):
         return Auth(cfg, prices=prices)
-    env = os.environ if environ is None else environ
-    url, password, cluster = cfg.redis_url, None, False
-    if url is None and config.cache.backend == "redis":
-        url, cluster = config.cache.url, config.cache.cluster
-        if config.cache.password_env:
-            password = env.get(config.cache.password_env)
-    if url is None:
+    redis = shared_redis(config, environ)
+    if redis is None:
         return Auth(cfg, prices=prices)
-    limits = RedisLimits(url, cfg.timeout_ms, password=password, cluster=cluster)
+    limits = RedisLimits(redis.url, cfg.timeout_ms, password=redis.password, cluster=redis.cluster)
     return Auth(cfg, limits, prices)
 
 

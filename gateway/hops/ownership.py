@@ -12,14 +12,15 @@ belongs to a backend lives with the backend's health).
 Where the mapping lives:
 
 - in this process, always: a bounded LRU with the route's ``response_affinity_ttl_s`` per
-  entry (:class:`MemoryOwners`). Without Redis it is the only copy;
+  entry (:class:`gateway.store.keyvalue.MemoryKV`). Without Redis it is the only copy;
 - in Redis when one is configured (``auth.redis_url``, else the ``[cache]`` Redis), so every
   replica agrees (:class:`RedisOwners`, ``SET key backend EX ttl``). A lookup asks the local LRU
   first (an id never changes owner, so a local hit is always right) and Redis on a miss. Each
-  command waits at most the Redis timeout and a circuit breaker stops calling a dead Redis at
-  all: with auth off a lookup that Redis cannot answer routes by model; with auth on an id
-  this process does not know is then a 404 (docs/spec.md §26: it could be another tenant's). A
-  record Redis cannot take is kept locally.
+  command goes through the store's guard (gateway/store/guard.py): it waits at most the Redis
+  timeout and a circuit breaker stops calling a dead Redis at all: with auth off a lookup that
+  Redis cannot answer routes by model; with auth on an id this process does not know is then a
+  404 (docs/spec.md §26: it could be another tenant's). A record Redis cannot take is kept
+  locally.
 
 One map for every object with an id: responses, and (docs/spec.md §24) files, uploads,
 batches, conversations, vector stores and Anthropic message batches, recorded by
@@ -44,33 +45,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Final
 
-from gateway.cache.breaker import CircuitBreaker
-from gateway.cache.guard import RedisGuard, RedisUnavailable
-from gateway.cache.redis import connect
 from gateway.config import Config
 from gateway.errors import NotFound
 from gateway.hops.references import PINS, Named
 from gateway.routes import Backend
+from gateway.store.breaker import CircuitBreaker
+from gateway.store.connect import shared_redis
+from gateway.store.guard import RedisUnavailable
+from gateway.store.keyvalue import KeyValue, MemoryKV, RedisKV
 from gateway.types import RawHeaders
 from gateway.writer import ResponseWriter
 
 log = logging.getLogger("gateway")
 
-T = TypeVar("T")
-
 #: entries kept in this process (~200 bytes each): the oldest go first beyond it
 LOCAL_MAX_ENTRIES: Final = 100_000
 #: ids come from clients (previous_response_id, paths): longer ones are never looked up
 MAX_ID_CHARS: Final = 256
-#: the breaker of the ownership client (as the limiter's)
-_BREAKER_FAILURES: Final = 3
-_BREAKER_RESET_S: Final = 5.0
 #: a small pool: one command per stored response and per follow-up
 _MAX_CONNECTIONS: Final = 32
 _PATH_PREFIX: Final = "/v1/responses/"
@@ -120,89 +114,11 @@ class OwnersUnavailable(RedisUnavailable):
     """The shared store could not answer (error, timeout, breaker open)."""
 
 
-class OwnerStore(Protocol):
-    """Where response id → backend name is kept."""
+class RedisOwners(RedisKV):
+    """The map in Redis (standalone or Cluster: one key per id), shared by the replicas."""
 
-    async def get(self, response_id: str) -> str | None:
-        """The owner's name, or None (unknown or expired). May raise OwnersUnavailable."""
-        ...
-
-    async def set(self, response_id: str, backend: str, ttl_s: float) -> None: ...
-
-    async def delete(self, response_id: str) -> None: ...
-
-    async def claim(self, name: str, ttl_s: float) -> bool:
-        """Set ``name`` unless it is set: True for the one caller that set it."""
-        ...
-
-    def state(self) -> str:
-        """``ok``, or the breaker's state (``open`` / ``half_open``) while Redis is down."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-class MemoryOwners:
-    """A bounded LRU in this process; each entry expires after its own TTL."""
-
-    __slots__ = ("_clock", "_entries", "max_entries")
-
-    def __init__(
-        self, max_entries: int = LOCAL_MAX_ENTRIES, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.max_entries = max_entries
-        self._clock = clock
-        #: id -> (backend name, monotonic expiry), least recently used first
-        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get_now(self, response_id: str) -> str | None:
-        entry = self._entries.get(response_id)
-        if entry is None:
-            return None
-        if entry[1] <= self._clock():
-            del self._entries[response_id]
-            return None
-        self._entries.move_to_end(response_id)
-        return entry[0]
-
-    def set_now(self, response_id: str, backend: str, ttl_s: float) -> None:
-        entries = self._entries
-        # ids are unique: a new key goes in at the most recent end (a repeated one keeps its
-        # place, with the new expiry)
-        entries[response_id] = (backend, self._clock() + ttl_s)
-        if len(entries) > self.max_entries:
-            entries.popitem(last=False)
-
-    def delete_now(self, response_id: str) -> None:
-        self._entries.pop(response_id, None)
-
-    async def get(self, response_id: str) -> str | None:
-        return self.get_now(response_id)
-
-    async def set(self, response_id: str, backend: str, ttl_s: float) -> None:
-        self.set_now(response_id, backend, ttl_s)
-
-    async def delete(self, response_id: str) -> None:
-        self.delete_now(response_id)
-
-    async def claim(self, name: str, ttl_s: float) -> bool:
-        if self.get_now(name) is not None:
-            return False
-        self.set_now(name, "claimed", ttl_s)
-        return True
-
-    def state(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
-
-
-class RedisOwners:
-    """The mapping in Redis (standalone or Cluster: one key per id), shared by the replicas."""
+    error = OwnersUnavailable
+    what = "response ownership"
 
     def __init__(
         self,
@@ -214,59 +130,25 @@ class RedisOwners:
         cluster: bool = False,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        self._timeout = timeout_ms / 1000.0
-        # connects lazily: a dead Redis never stops a start
-        self._client = connect(
-            url, self._timeout, password=password, cluster=cluster, max_connections=_MAX_CONNECTIONS
+        super().__init__(
+            f"gateway:response-owner:v1:{namespace}:",
+            url,
+            timeout_ms / 1000.0,
+            password=password,
+            cluster=cluster,
+            max_connections=_MAX_CONNECTIONS,
+            breaker=breaker,
         )
-        self._breaker = breaker or CircuitBreaker(_BREAKER_FAILURES, _BREAKER_RESET_S)
-        self._guard = RedisGuard(
-            self._breaker, self._timeout, OwnersUnavailable, self._down, self._up
-        )
-        self._prefix = f"gateway:response-owner:v1:{namespace}:"
 
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        return await self._guard.call(op)
-
-    @staticmethod
-    def _down(exc: Exception) -> None:
+    def _down(self, exc: Exception) -> None:
         log.warning(
             "response ownership: Redis unreachable (%s); until it is back only the ids this "
             "process recorded are placed (others: by model with auth off, 404 with auth on)",
             type(exc).__name__,
         )
 
-    @staticmethod
-    def _up() -> None:
+    def _up(self) -> None:
         log.warning("response ownership: Redis is back; replicas share response owners again")
-
-    async def get(self, response_id: str) -> str | None:
-        value = await self._call(lambda: self._client.get(self._prefix + response_id))
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else None
-
-    async def set(self, response_id: str, backend: str, ttl_s: float) -> None:
-        ttl = max(1, int(ttl_s))
-        await self._call(lambda: self._client.set(self._prefix + response_id, backend, ex=ttl))
-
-    async def delete(self, response_id: str) -> None:
-        await self._call(lambda: self._client.delete(self._prefix + response_id))
-
-    async def claim(self, name: str, ttl_s: float) -> bool:
-        ttl = max(1, int(ttl_s))
-        done = await self._call(
-            lambda: self._client.set(self._prefix + name, "claimed", ex=ttl, nx=True)
-        )
-        return bool(done)
-
-    def state(self) -> str:
-        state = self._breaker.state
-        return "ok" if state == "closed" else state
-
-    async def aclose(self) -> None:
-        try:
-            await self._client.aclose()
-        except Exception as exc:  # a paused Redis must not hold shutdown up
-            log.warning("closing the response ownership client failed: %r", exc)
 
 
 class Ownership:
@@ -275,11 +157,11 @@ class Ownership:
     def __init__(
         self,
         backends: Mapping[str, Backend],
-        shared: OwnerStore | None = None,
-        local: MemoryOwners | None = None,
+        shared: KeyValue | None = None,
+        local: MemoryKV | None = None,
     ) -> None:
         self._backends = backends
-        self.local = local if local is not None else MemoryOwners()
+        self.local = local if local is not None else MemoryKV(LOCAL_MAX_ENTRIES)
         self.shared = shared
 
     async def owner(self, response_id: object, tenant: str | None = None) -> Backend | None:
@@ -475,24 +357,21 @@ def build_ownership(
     config: Config, backends: Mapping[str, Backend], environ: Mapping[str, str] | None = None
 ) -> Ownership:
     """Redis when ``auth.redis_url`` names one, else the ``[cache]`` Redis, else memory only."""
-    env = os.environ if environ is None else environ
-    url, password, cluster = config.auth.redis_url, None, False
-    timeout_ms = config.auth.timeout_ms
-    if url is None and config.cache.backend == "redis":
-        url, cluster, timeout_ms = config.cache.url, config.cache.cluster, config.cache.timeout_ms
-        if config.cache.password_env:
-            password = env.get(config.cache.password_env)
-    if url is None:
+    redis = shared_redis(config, environ)
+    if redis is None:
         return Ownership(backends)
     shared = RedisOwners(
-        url, timeout_ms, namespace=config.cache.namespace, password=password, cluster=cluster
+        redis.url,
+        redis.timeout_ms,
+        namespace=config.cache.namespace,
+        password=redis.password,
+        cluster=redis.cluster,
     )
     return Ownership(backends, shared)
 
 
 __all__ = [
-    "MemoryOwners",
-    "OwnerStore",
+    "LOCAL_MAX_ENTRIES",
     "OwnersUnavailable",
     "Ownership",
     "RecordingWriter",

@@ -6,8 +6,8 @@ settled in passive health are the loop's (docs/spec.md §13). This hop returns a
 headers, so every retry happens before any byte reaches the client; a streamed request body can
 be sent once only, so it gets one attempt.
 
-With passive health (:mod:`gateway.hops.health`) the route's strategy orders the backends that
-are in rotation for the request's model (:mod:`gateway.hops.balance`); a retry to the backend
+With passive health (:mod:`gateway.fleet.health`) the route's strategy orders the backends that
+are in rotation for the request's model (:mod:`gateway.fleet.balance`); a retry to the backend
 that just failed is sent only within that backend's retry budget (when it is spent, or the
 failure ejected the backend or its pair for the model, the request goes on to the next
 backend).
@@ -17,7 +17,7 @@ holding its state, docs/spec.md §22) goes to the first backend given and nowher
 rotation or not; its error answer passes through.
 
 On a route with ``affinity`` (docs/spec.md §21) the request's key is read here from the parsed
-body (:mod:`gateway.hops.affinity`) and the health hop orders the backends by it; each attempt
+body (:mod:`gateway.fleet.affinity`) and the health hop orders the backends by it; each attempt
 records whether it reached the key's preferred backend (``hit``), another (``spill``), or the
 request had no key (``none``), and on a fleet-aware route the backend's load as last scraped —
 for the attempt's span.
@@ -31,9 +31,9 @@ from typing import Any
 
 from gateway.attempts import AttemptLoop, AttemptPlan, retry_after_seconds
 from gateway.context import Attempt, RequestContext
+from gateway.fleet.affinity import request_key
+from gateway.fleet.health import Health, RoutePlan
 from gateway.headers import header_value
-from gateway.hops.affinity import request_key
-from gateway.hops.health import Health, RoutePlan
 from gateway.routes import Backend
 from gateway.transports.base import Body, UpstreamResponse
 

@@ -56,8 +56,8 @@ from typing import Any
 
 import orjson
 
+from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext
-from gateway.spend import cost
 from gateway.telemetry.spans import EdgeHop
 
 CONTENT_LIMIT = 4096

@@ -90,7 +90,7 @@ _COMMON: RawHeaders = [
 ]
 _NO_STORE = (b"cache-control", b"no-store")
 _STATUS_CLASSES = frozenset({"1xx", "2xx", "3xx", "4xx", "5xx", "error"})
-#: passive-health states (gateway/hops/health.py) as the page words them
+#: passive-health states (gateway/fleet/health.py) as the page words them
 STATE_LABELS = {
     "up": "in rotation",
     "ejected": "ejected",
@@ -509,7 +509,7 @@ def backend_row(
 ) -> dict[str, Any]:
     """A backend as the view shows it: config, passive health, what the buffer saw of it.
 
-    ``health`` is the backend's row of :meth:`gateway.hops.health.Health.snapshot` — what
+    ``health`` is the backend's row of :meth:`gateway.fleet.health.Health.snapshot` — what
     ``/readyz`` reports — as it is, with the page's wording of its state (``label``) and the
     models out of rotation on it (``models``: model -> state, empty when none). ``load`` is its
     model server's queue and KV-cache as last scraped (docs/spec.md §21; ``known`` false while

@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
-from gateway.cache.breaker import CircuitBreaker
-from gateway.cache.guard import RedisGuard, RedisUnavailable, close_quietly
-from gateway.cache.redis import connect
 from gateway.config import Config
+from gateway.store.connect import shared_redis
+from gateway.store.guard import RedisUnavailable
+from gateway.store.keyvalue import RedisKV
 
 log = logging.getLogger("gateway")
-T = TypeVar("T")
 
 LOCAL_MAX = 10_000
 #: a session nobody used for a day is forgotten
@@ -58,16 +56,37 @@ class Session:
         #: server name -> [its session id ("" when it keeps none), its protocol version]
         self.upstream: dict[str, list[str]] = upstream if upstream is not None else {}
 
-    def dumps(self) -> bytes:
-        return orjson.dumps({"o": self.owner, "e": self.endpoint, "u": self.upstream})
+    def dumps(self) -> str:
+        return orjson.dumps({"o": self.owner, "e": self.endpoint, "u": self.upstream}).decode()
 
     @classmethod
-    def loads(cls, sid: str, raw: bytes) -> Session | None:
+    def loads(cls, sid: str, raw: str) -> Session | None:
         try:
             data: Any = orjson.loads(raw)
             return cls(str(data["o"]), str(data["e"]), dict(data["u"]), sid)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
+
+
+class SessionsUnavailable(RedisUnavailable):
+    """Redis could not answer the session store."""
+
+
+class RedisSessions(RedisKV):
+    """The records in Redis, shared by the replicas."""
+
+    error = SessionsUnavailable
+    what = "mcp sessions"
+
+    def _down(self, exc: Exception) -> None:
+        log.warning(
+            "mcp sessions: Redis unreachable (%s); each replica serves the sessions "
+            "it made until it is back",
+            type(exc).__name__,
+        )
+
+    def _up(self) -> None:
+        log.warning("mcp sessions: Redis is back; replicas share sessions again")
 
 
 class Sessions:
@@ -82,31 +101,33 @@ class Sessions:
         password: str | None = None,
         cluster: bool = False,
     ) -> None:
-        self._local: OrderedDict[str, bytes] = OrderedDict()
-        self._client = None
-        self._timeout = timeout_ms / 1000.0
-        self._guard = RedisGuard(CircuitBreaker(3, 5.0), self._timeout, _Unavailable, self._down)
-        self._prefix = f"gateway:mcp-session:v1:{namespace}:"
+        self._local: OrderedDict[str, str] = OrderedDict()
+        self._shared: RedisSessions | None = None
         if url is not None:  # connects lazily: a dead Redis never stops a start
-            self._client = connect(url, self._timeout, password=password, cluster=cluster)
+            self._shared = RedisSessions(
+                f"gateway:mcp-session:v1:{namespace}:",
+                url,
+                timeout_ms / 1000.0,
+                password=password,
+                cluster=cluster,
+            )
 
     @property
     def shared(self) -> bool:
-        return self._client is not None
+        return self._shared is not None
 
     async def get(self, sid: str) -> Session | None:
         if len(sid) != _ID_CHARS or not all(c in "0123456789abcdef" for c in sid):
             return None
-        raw: bytes | None = None
-        client = self._client
-        if client is not None:
+        raw: str | None = None
+        shared = self._shared
+        if shared is not None:
             try:
-                value = await self._call(lambda: client.get(self._prefix + sid))
-                raw = value if isinstance(value, bytes) else None
+                raw = await shared.get(sid)
                 if raw is None:
                     self._local.pop(sid, None)  # ended on another replica
                     return None
-            except _Unavailable:
+            except SessionsUnavailable:
                 raw = None
         if raw is None:
             raw = self._local.get(sid)
@@ -119,50 +140,33 @@ class Sessions:
         local.move_to_end(session.id)
         while len(local) > LOCAL_MAX:
             local.popitem(last=False)
-        client = self._client
-        if client is not None:
-            with contextlib.suppress(_Unavailable):  # kept here: this replica still serves it
-                await self._call(lambda: client.set(self._prefix + session.id, raw, ex=TTL_S))
+        if self._shared is not None:
+            with contextlib.suppress(SessionsUnavailable):  # kept here: this replica serves it
+                await self._shared.set(session.id, raw, TTL_S)
 
     async def delete(self, sid: str) -> None:
         self._local.pop(sid, None)
-        client = self._client
-        if client is not None:
-            with contextlib.suppress(_Unavailable):
-                await self._call(lambda: client.delete(self._prefix + sid))
-
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        return await self._guard.call(op)
-
-    @staticmethod
-    def _down(exc: Exception) -> None:
-        log.warning(
-            "mcp sessions: Redis unreachable (%s); each replica serves the sessions "
-            "it made until it is back",
-            type(exc).__name__,
-        )
+        if self._shared is not None:
+            with contextlib.suppress(SessionsUnavailable):
+                await self._shared.delete(sid)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await close_quietly(self._client, log, "mcp sessions")
-
-
-class _Unavailable(RedisUnavailable):
-    """Redis could not answer the session store."""
+        if self._shared is not None:
+            await self._shared.aclose()
 
 
 def build_sessions(config: Config, environ: Mapping[str, str] | None = None) -> Sessions:
     """Redis as for response ownership: ``auth.redis_url``, else the ``[cache]`` Redis."""
-    env = os.environ if environ is None else environ
-    url, password, cluster = config.auth.redis_url, None, False
-    timeout_ms = config.auth.timeout_ms
-    if url is None and config.cache.backend == "redis":
-        url, cluster, timeout_ms = config.cache.url, config.cache.cluster, config.cache.timeout_ms
-        if config.cache.password_env:
-            password = env.get(config.cache.password_env)
+    redis = shared_redis(config, environ)
+    if redis is None:
+        return Sessions(namespace=config.cache.namespace)
     return Sessions(
-        url, timeout_ms, namespace=config.cache.namespace, password=password, cluster=cluster
+        redis.url,
+        redis.timeout_ms,
+        namespace=config.cache.namespace,
+        password=redis.password,
+        cluster=redis.cluster,
     )
 
 
-__all__ = ["Session", "Sessions", "build_sessions"]
+__all__ = ["RedisSessions", "Session", "Sessions", "SessionsUnavailable", "build_sessions"]

@@ -33,7 +33,7 @@ from gateway.errors import (
     UpstreamTimeout,
     error_body,
 )
-from gateway.hops.health import Health, answer_outcome
+from gateway.fleet.health import Health, answer_outcome
 from gateway.mock.engine import MockSettings
 from gateway.mock.realtime import handshake_refusal
 from gateway.realtime.upstream_socket import (

@@ -34,8 +34,7 @@ import orjson
 
 from gateway.context import RECEIVED_AT, Attempt, Call, RequestContext, Usage
 from gateway.errors import ClientGone, Forbidden, GatewayError, InvalidRequest, NotFound
-from gateway.hops.auth import KeyEntry
-from gateway.hops.health import CONNECTION_FAILED, SUCCESS
+from gateway.fleet.health import CONNECTION_FAILED, SUCCESS
 from gateway.hops.router import MAX_MODEL_CHARS
 from gateway.realtime.client_end import CLIENT_END, ClientEnd
 from gateway.realtime.events import ModelResponse, OnDone, SessionResponses
@@ -312,8 +311,8 @@ class Realtime:
         route = self.rt.router.match(model)
         if route is None:
             raise NotFound(f"no route for model {model!r}", code="model_not_found")
-        entry = ctx.limit_key
-        if isinstance(entry, KeyEntry) and entry.budgeted and not self.rt.auth.prices.of(model):
+        key = ctx.limit_key
+        if key is not None and key.budgeted and not self.rt.auth.prices.of(model):
             # its responses could not be priced: it would spend unmetered (as for HTTP)
             raise Forbidden(
                 f"this API key has a budget and model {model!r} has no price: "

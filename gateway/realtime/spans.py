@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import random
 
+from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.realtime.events import ModelResponse
 from gateway.realtime.message_relay import Stats
-from gateway.spend import cost
 from gateway.telemetry import otlp
 from gateway.telemetry.spans import EdgeHop
 

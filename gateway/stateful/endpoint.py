@@ -38,8 +38,8 @@ from gateway.stateful.answers import (
     send_held,
     tenant_only,
 )
+from gateway.stateful.batch_checks import charge, check_batch, results_tally
 from gateway.stateful.choose import choose_route, take_route_header
-from gateway.stateful.metering import charge, check_batch, results_tally
 from gateway.stateful.multipart import peek_purpose
 from gateway.stateful.paths import Target, parse
 from gateway.streaming.bodies import relay_raw, upstream_finished
@@ -173,7 +173,7 @@ class StatefulCall:
 
     async def _download(self, resp: UpstreamResponse, attempt: Any, route: Route | None) -> None:
         """Contents and results, passed on as they arrive; a batch's results priced as they
-        pass and, read to their end, debited (:mod:`gateway.stateful.metering`)."""
+        pass and, read to their end, debited (:mod:`gateway.stateful.batch_checks`)."""
         anthropic = self.target.collection == "messages/batches"  # its lines' shape
         tally = results_tally(self.rt, self.ctx, anthropic) if self._priced() else None
         watch = tally.lines.feed if tally is not None else None

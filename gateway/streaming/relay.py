@@ -25,13 +25,13 @@ from typing import Any, TypeVar
 
 import orjson
 
+from gateway.budgets.spend import charge_relayed
 from gateway.context import Attempt, RequestContext, Timeline
 from gateway.deadline import Deadline
 from gateway.encoding import Encoder, make_encoder
 from gateway.errors import GatewayError, UpstreamError, UpstreamStreamError, UpstreamTimeout
 from gateway.headers import DROP_RESPONSE, copy_headers, header_value, upstream_request_id
 from gateway.protocols import Api
-from gateway.spend import charge_relayed
 from gateway.streaming.bodies import (
     decode_end,
     decode_step,

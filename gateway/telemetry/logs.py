@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
+from gateway.budgets.spend import cost
 from gateway.config import LoggingConfig
 from gateway.context import RequestContext, Usage
-from gateway.spend import cost
 
 ACCESS_LOGGER = "gateway.access"
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from gateway.cache.cluster import ClusterClient, key_slot
-from gateway.cache.redis import RedisStore, connect
+from gateway.cache.redis import RedisStore
 from gateway.cache.store import CacheStore, CacheUnavailable, lock_key
 from gateway.config import CacheConfig
+from gateway.store.cluster import ClusterClient, key_slot
+from gateway.store.connect import connect
 from tests.redis_support import RedisCluster, RedisServer
 
 TIMEOUT_MS = 300.0
@@ -589,7 +590,7 @@ def test_cluster_set_get_across_slots(cluster: RedisCluster) -> None:
 
     asyncio.run(main())
     # redis-py's RedisCluster would load the COMMAND table (~35 ms of event-loop CPU) on every
-    # topology refresh; gateway/cache/cluster.py routes the keys without it
+    # topology refresh; gateway/store/cluster.py routes the keys without it
     for node in cluster.servers:
         assert b"cmdstat_command:" not in node.command(b"INFO commandstats")
 

@@ -1,6 +1,7 @@
-"""Response ownership on its own (gateway/hops/ownership.py): the bounded, expiring LRU, the
-Redis store against a real ``redis-server`` (shared by two instances, as by two replicas), and
-a dead or black-holed Redis costing no request more than its bound."""
+"""Response ownership on its own (gateway/hops/ownership.py): the bounded, expiring LRU
+(gateway/store/keyvalue.py), the Redis store against a real ``redis-server`` (shared by two
+instances, as by two replicas), and a dead or black-holed Redis costing no request more than
+its bound."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from gateway.config import BackendConfig
 from gateway.errors import NotFound
 from gateway.hops.ownership import (
+    LOCAL_MAX_ENTRIES,
     MAX_ID_CHARS,
-    MemoryOwners,
     Ownership,
     RedisOwners,
     build_ownership,
@@ -22,6 +23,7 @@ from gateway.hops.ownership import (
 )
 from gateway.hops.references import Named, find, rule_for
 from gateway.routes import Backend
+from gateway.store.keyvalue import MemoryKV
 from tests.redis_support import RedisServer, free_port
 from tests.support import gateway_config
 
@@ -46,7 +48,7 @@ def backends(*names: str) -> dict[str, Backend]:
 
 def test_entries_expire_after_their_ttl():
     clock = Clock()
-    owners = MemoryOwners(clock=clock)
+    owners = MemoryKV(LOCAL_MAX_ENTRIES, clock=clock)
     owners.set_now("resp_1", "a", 10.0)
     owners.set_now("resp_2", "b", 100.0)
     clock.t += 9.9
@@ -57,7 +59,7 @@ def test_entries_expire_after_their_ttl():
 
 
 def test_the_least_recently_used_entry_goes_first_beyond_the_bound():
-    owners = MemoryOwners(max_entries=3)
+    owners = MemoryKV(max_entries=3)
     for i in range(3):
         owners.set_now(f"resp_{i}", "a", 60.0)
     assert owners.get_now("resp_0") == "a"  # used: now the most recent

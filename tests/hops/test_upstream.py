@@ -23,9 +23,9 @@ from gateway.errors import (
     UpstreamStreamError,
     UpstreamTimeout,
 )
-from gateway.hops.balance import LeastOutstanding, Weighted
+from gateway.fleet.balance import LeastOutstanding, Weighted
+from gateway.fleet.health import BUDGET_FLOOR_PER_S, CONNECTION_FAILED, SUCCESS, Health, Window
 from gateway.hops.edge import RequestEdge
-from gateway.hops.health import BUDGET_FLOOR_PER_S, CONNECTION_FAILED, SUCCESS, Health, Window
 from gateway.hops.upstream import Upstream
 from gateway.routes import Backend, Route
 from gateway.types import RawHeaders

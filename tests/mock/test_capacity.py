@@ -15,7 +15,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.hops.fleet import read_metrics
+from gateway.fleet.load import read_metrics
 from gateway.mock.capacity import BLOCKS_PER_REQUEST, Capacity, in_process
 from gateway.mock.engine import MockSettings, reply
 from tests.support import Process, free_port, gateway_cli, openai_client

@@ -29,9 +29,9 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 
+from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext
 from gateway.memo import remember
-from gateway.spend import cost
 from gateway.telemetry.metrics.groups import (
     McpMetrics,
     ObjectMetrics,

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
+from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext, TraceContext
-from gateway.spend import cost
 from gateway.telemetry import otlp
 from gateway.telemetry.spans.route_names import route_template
 from gateway.telemetry.spans.tree import (

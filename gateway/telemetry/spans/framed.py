@@ -11,9 +11,9 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
+from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.memo import remember
-from gateway.spend import cost
 from gateway.telemetry import otlp
 from gateway.telemetry.spans.builders import build_spans
 from gateway.telemetry.spans.route_names import route_template

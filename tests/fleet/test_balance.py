@@ -13,9 +13,9 @@ import pytest
 from gateway.config import BackendConfig, RouteConfig
 from gateway.context import Attempt
 from gateway.errors import BackendSaturated
-from gateway.hops.balance import LeastLoaded
-from gateway.hops.fleet import STALE_PERIODS, Load
-from gateway.hops.health import CONNECTION_FAILED, SUCCESS, Health
+from gateway.fleet.balance import LeastLoaded
+from gateway.fleet.health import CONNECTION_FAILED, SUCCESS, Health
+from gateway.fleet.load import STALE_PERIODS, Load
 from gateway.routes import Backend, Route
 from tests.hops.test_upstream import Clock, FakeTransport
 

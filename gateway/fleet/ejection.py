@@ -1,5 +1,5 @@
 """Outlier ejection, per process (docs/spec.md §13): what an attempt's outcome is, whom it counts
-against, and the transitions in and out of rotation — split out of :mod:`gateway.hops.health`,
+against, and the transitions in and out of rotation — split out of :mod:`gateway.fleet.health`,
 which keeps the retry budget, the in-flight counts and the route plans.
 
 ==================  =====================================================================

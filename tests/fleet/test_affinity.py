@@ -14,9 +14,9 @@ import pytest
 
 from gateway.config import BackendConfig, RouteConfig
 from gateway.context import Call
-from gateway.hops.affinity import PREFIX_BYTES, Rendezvous, prompt_prefix, request_key, session_id
-from gateway.hops.fleet import Load
-from gateway.hops.health import Health
+from gateway.fleet.affinity import PREFIX_BYTES, Rendezvous, prompt_prefix, request_key, session_id
+from gateway.fleet.health import Health
+from gateway.fleet.load import Load
 from gateway.routes import Backend, Route
 from tests.hops.test_upstream import (
     Clock,
@@ -155,8 +155,8 @@ def test_when_a_backend_joins_only_keys_that_now_prefer_it_move():
 def test_every_process_hashes_alike():
     """Replicas must agree: the hash is not Python's per-process salted hash()."""
     code = (
-        "from gateway.hops.affinity import Rendezvous, request_key\n"
-        "from tests.hops.test_affinity import FLEET\n"
+        "from gateway.fleet.affinity import Rendezvous, request_key\n"
+        "from tests.fleet.test_affinity import FLEET\n"
         "r = Rendezvous(FLEET)\n"
         "print([r.rank(request_key('session', {'user': f'u{i}'}, 'm', []))[0].name"
         " for i in range(40)])\n"

@@ -1,5 +1,6 @@
-"""One way to call Redis from the request path: the cache, the limiter and response ownership
-all go through :class:`RedisGuard` (docs/architecture.md, "Redis never holds a request up").
+"""One way to call Redis from the request path: every store kept in Redis -- the cache, the
+limits, response ownership, MCP sessions -- goes through :class:`RedisGuard`
+(docs/architecture.md, "Redis never holds a request up"), and is built on :class:`GuardedRedis`.
 
 Each call waits at most the store's timeout, a circuit breaker stops calling a dead Redis at
 all, and every failure surfaces as one exception type per store (a subclass of
@@ -11,8 +12,14 @@ not the command Redis already received (a paused Redis runs it when it wakes). S
 this process -- a timeout, a reset, an error reply -- and False only when nothing was sent
 (the breaker was open, our own connection pool was full). A caller whose command is not
 idempotent must treat ``maybe_ran`` as "ran": the limiter keys its scripts by request id and
-replays them (gateway/hops/reservations.py); the cache's and ownership's writes are
-idempotent already.
+replays them (gateway/budgets/reservations.py); the cache's, ownership's and the sessions'
+writes are idempotent already.
+
+A new store kept in Redis subclasses :class:`GuardedRedis` (or uses
+:class:`gateway.store.keyvalue.RedisKV`, a prefixed key-value map) and so gets all of this: the
+client (:func:`gateway.store.connect.connect`), the breaker, the timeout, its own error type, a
+log line when Redis goes and when it comes back, ``state()`` for ``/readyz`` and a shutdown that a
+paused Redis cannot hold up.
 """
 
 from __future__ import annotations
@@ -20,13 +27,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import ClassVar, Final, TypeVar
 
 from redis.exceptions import ClusterError, MaxConnectionsError, ResponseError
 
-from gateway.cache.breaker import CircuitBreaker
+from gateway.store.breaker import CircuitBreaker
+from gateway.store.connect import DEFAULT_MAX_CONNECTIONS, connect
+
+log = logging.getLogger("gateway")
 
 T = TypeVar("T")
+
+#: the breaker of a store that does not configure its own: open after this many consecutive
+#: failures, probe again after this many seconds
+BREAKER_FAILURES: Final = 3
+BREAKER_RESET_S: Final = 5.0
 
 
 class RedisUnavailable(Exception):
@@ -115,4 +130,63 @@ async def close_quietly(client: object, log: logging.Logger, what: str) -> None:
         log.warning("closing the %s client failed: %r", what, exc)
 
 
-__all__ = ["RedisGuard", "RedisUnavailable", "close_quietly"]
+class GuardedRedis:
+    """The base of a store kept in Redis: its client, whose every command goes through the
+    store's :class:`RedisGuard`.
+
+    A subclass names its error type (``error``, a :class:`RedisUnavailable`) and how its log
+    lines name it (``what``), and may say what an outage means for it by overriding
+    :meth:`_down` (called once per outage) and :meth:`_up` (when Redis answers again)."""
+
+    #: what every failure of this store surfaces as
+    error: ClassVar[type[RedisUnavailable]] = RedisUnavailable
+    #: how log lines name the store
+    what: ClassVar[str] = "redis"
+    #: the logger of its log lines
+    log: ClassVar[logging.Logger] = log
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        *,
+        password: str | None = None,
+        cluster: bool = False,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.breaker = breaker or CircuitBreaker(BREAKER_FAILURES, BREAKER_RESET_S)
+        self.guard = RedisGuard(self.breaker, timeout_s, self.error, self._down, self._up)
+        # connects lazily: a dead Redis never stops a start
+        self.client = connect(
+            url, timeout_s, password=password, cluster=cluster, max_connections=max_connections
+        )
+
+    async def call(self, op: Callable[[], Awaitable[T]]) -> T:
+        """One command (or script, or pipeline) under the breaker and the timeout; any failure
+        raises the store's ``error``."""
+        return await self.guard.call(op)
+
+    def _down(self, exc: Exception) -> None:
+        self.log.warning("%s: Redis unreachable (%s)", self.what, type(exc).__name__)
+
+    def _up(self) -> None:
+        self.log.warning("%s: Redis is back", self.what)
+
+    def state(self) -> str:
+        """``ok``, or the breaker's state (``open`` / ``half_open``) while Redis is down."""
+        return self.guard.state()
+
+    async def aclose(self) -> None:
+        await close_quietly(self.client, self.log, self.what)
+
+
+__all__ = [
+    "BREAKER_FAILURES",
+    "BREAKER_RESET_S",
+    "GuardedRedis",
+    "RedisGuard",
+    "RedisUnavailable",
+    "close_quietly",
+]

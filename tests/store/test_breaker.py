@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.cache.breaker import CircuitBreaker
+from gateway.store.breaker import CircuitBreaker
 
 
 class FakeClock:

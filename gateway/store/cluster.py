@@ -21,7 +21,7 @@ this client routes them itself and never needs the table:
   ``require_full_coverage=False`` did).
 
 Each node's client is a standalone :class:`redis.asyncio.Redis` with the options the cluster URL
-gave (timeouts, no retries, RESP2, credentials), as :func:`gateway.cache.redis.connect` makes
+gave (timeouts, no retries, RESP2, credentials), as :func:`gateway.store.connect.connect` makes
 for a single Redis, on a plain ``ConnectionPool``: a node whose pool is full fails the command
 at once (redis-py 8.1: ``MaxConnectionsError``; 5.2: ``ConnectionError``) instead of queueing,
 as ``RedisCluster``'s nodes did -- and it costs less CPU per command than the blocking pool (the

@@ -1,16 +1,18 @@
-"""The pieces of batch accounting (gateway/stateful/metering.py, docs/spec.md §24): lines found
-as chunks pass, results priced per line at each model's batch price, a batch's worst case."""
+"""The pieces of batch accounting (gateway/budgets/metering.py, docs/spec.md §24): lines found
+as chunks pass, results priced per line at each model's batch price, a batch's worst case (its
+input file's lines read by gateway/stateful/batch_checks.py)."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
+from gateway.budgets import metering
+from gateway.budgets.metering import Lines, ResultsTally, WorstCase
+from gateway.budgets.spend import Prices
 from gateway.config import PriceConfig
 from gateway.errors import Forbidden
-from gateway.spend import Prices
-from gateway.stateful import metering
-from gateway.stateful.metering import BatchLines, Lines, ResultsTally, WorstCase
+from gateway.stateful.batch_checks import BatchLines
 
 PRICES = Prices(
     (

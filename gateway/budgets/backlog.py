@@ -1,9 +1,9 @@
-"""What Redis has not heard of yet, kept by gateway/hops/limits.py's ``RedisLimits`` while Redis
+"""What Redis has not heard of yet, kept by gateway/budgets/limits.py's ``RedisLimits`` while Redis
 cannot answer, and replayed when it answers again (docs/spec.md §20, docs/architecture.md
 "Money is a state machine"):
 
 - **unheard reservations**: requests this process admitted per process (a fallback) that are
-  still running. Each is *held* in Redis (gateway/hops/reservations.py's HOLD) before Redis
+  still running. Each is *held* in Redis (gateway/budgets/reservations.py's HOLD) before Redis
   admits anything new for this process -- :meth:`Backlog.catch_up` runs ahead of every
   admission while anything is unheard -- so a budget Redis checks includes them: a replica
   cannot spend a budget twice across an outage;
@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.cache.guard import RedisGuard, RedisUnavailable
+from gateway.store.guard import RedisGuard, RedisUnavailable
 
 if TYPE_CHECKING:
-    from gateway.hops.limits import Allowance
+    from gateway.budgets.limits import Allowance
 
 log = logging.getLogger("gateway.auth")
 

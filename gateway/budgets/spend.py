@@ -21,7 +21,7 @@ bytes / 4 input tokens at the input price, plus the most it may write — ``max_
 ``max_tokens_cap``, else :data:`DEFAULT_MAX_OUTPUT` — at the output price.
 
 Budget periods are UTC calendar periods (:func:`period_bounds`): a day, an ISO week (from
-Monday), a month, or ``total`` (never resets). The Redis script in :mod:`gateway.hops.limits`
+Monday), a month, or ``total`` (never resets). The Redis script in :mod:`gateway.budgets.limits`
 does the same integer arithmetic on Redis's clock.
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.context import Attempt
 from gateway.errors import UpstreamConnectError, UpstreamStreamError
-from gateway.hops.health import (
+from gateway.fleet.health import (
     ANSWER_FAILED,
     CONNECTION_FAILED,
     MAX_MODELS_PER_BACKEND,

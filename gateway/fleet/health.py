@@ -2,7 +2,7 @@
 that put ejection, saturation, affinity and the strategies together.
 
 What an attempt's outcome is and whom it counts against, and the transitions in and out of
-rotation (a backend, a (backend, model) pair, the probe), are :mod:`gateway.hops.ejection`'s.
+rotation (a backend, a (backend, model) pair, the probe), are :mod:`gateway.fleet.ejection`'s.
 An ejected backend is skipped by every strategy for every model; an ejected pair only for its
 model (the backend's other models stay in rotation there). When every backend of a route is
 out for the request's model, the request still goes to the one whose cool-down ends first
@@ -22,9 +22,9 @@ connection-level: an ejected pair leaves it up), :attr:`Health.ejections`, :attr
 :attr:`Health.budget_exhausted`, :meth:`Health.outstanding` and :meth:`Health.load_gauges`;
 ``/readyz`` shows :meth:`Health.snapshot` (with the pairs out of rotation and the load).
 
-Load (docs/spec.md §21): the scrapers of :mod:`gateway.hops.fleet` publish each backend's
-latest :class:`~gateway.hops.fleet.Load` (:meth:`Health.publish`) into the scorer
-(:class:`gateway.hops.balance.Scorer`), and :meth:`Health.order` reads its estimates — never a
+Load (docs/spec.md §21): the scrapers of :mod:`gateway.fleet.load` publish each backend's
+latest :class:`~gateway.fleet.load.Load` (:meth:`Health.publish`) into the scorer
+(:class:`gateway.fleet.scorer.Scorer`), and :meth:`Health.order` reads its estimates — never a
 scrape. On a route whose backends report load, or that has ``affinity``:
 
 - a saturated backend (queue ≥ ``max_queue`` or KV-cache ≥ ``max_kv_cache``, as estimated now
@@ -33,7 +33,7 @@ scrape. On a route whose backends report load, or that has ``affinity``:
   saturated follow as the last fallbacks, the least loaded first. When every one is
   saturated the request goes to the least loaded — or, with ``shed_when_saturated``, is
   refused: 503 ``backend_saturated``, Retry-After 1;
-- with an affinity key (:mod:`gateway.hops.affinity`) the unsaturated backends are tried in the
+- with an affinity key (:mod:`gateway.fleet.affinity`) the unsaturated backends are tried in the
   key's hash order instead of the strategy's: its preferred backend when that is in rotation
   and unsaturated, else the next in hash order (a spill).
 
@@ -50,9 +50,9 @@ from typing import Any
 from gateway.config import RouteConfig
 from gateway.context import Attempt, RequestContext
 from gateway.errors import BackendSaturated, UpstreamError, UpstreamTimeout
-from gateway.hops.affinity import Rendezvous
-from gateway.hops.balance import LeastLoaded, Ordered, Scorer, Strategy, make_strategy
-from gateway.hops.ejection import (
+from gateway.fleet.affinity import Rendezvous
+from gateway.fleet.balance import LeastLoaded, Ordered, Strategy, make_strategy
+from gateway.fleet.ejection import (
     ANSWER_FAILED,
     CONNECTION_FAILED,
     MAX_MODELS_PER_BACKEND,
@@ -62,7 +62,8 @@ from gateway.hops.ejection import (
     PairHealth,
     answer_outcome,
 )
-from gateway.hops.fleet import Load, has_load_source
+from gateway.fleet.load import Load, has_load_source
+from gateway.fleet.scorer import Scorer
 from gateway.routes import Backend, Route
 
 #: the retry budget (Envoy's retry_budget, as a rate): window, share of requests, floor per s

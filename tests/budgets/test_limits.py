@@ -1,4 +1,4 @@
-"""The limiter on its own (gateway/hops/limits.py): the GCRA arithmetic, budgets and their
+"""The limiter on its own (gateway/budgets/limits.py): the GCRA arithmetic, budgets and their
 reservations, the per-process state, and the Redis scripts against a real ``redis-server``
 agreeing with them (periods included), falling back per process and catching up afterwards."""
 
@@ -13,20 +13,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cache.breaker import CircuitBreaker
-from gateway.hops.limits import (
+from gateway.budgets.limits import (
     WINDOW_S,
     Allowance,
     Budget,
-    MemoryLimits,
-    RedisLimits,
     Spent,
     check_gcra,
     debit_gcra,
     spend_key,
 )
-from gateway.hops.reservations import ADMIT_LUA, RESERVE_TTL_S
-from gateway.spend import PERIOD_CODES, period_bounds
+from gateway.budgets.memory_limits import MemoryLimits
+from gateway.budgets.redis_limits import RedisLimits
+from gateway.budgets.reservations import RESERVE_TTL_S
+from gateway.budgets.scripts import ADMIT_LUA
+from gateway.budgets.spend import PERIOD_CODES, period_bounds
+from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer
 
 USD = 1_000_000_000  # nano-USD
@@ -269,7 +270,7 @@ def test_the_redis_script_agrees_with_the_arithmetic(redis):
         try:
             for i, (tokens, cost) in enumerate(steps):
                 out.append(_row(await limits.admit(a, tokens, cost, f"q{i}")))
-            await limits.settle(a, Spent(10, 80, quarter, USD // 10, shared=True, rid="q0"))
+            await limits.settle(a, Spent(10, 80, quarter, USD // 10, rid="q0"))
             v = await limits.admit(a, 0, 0)
             out.append(_row(v))
             # 30 reserved + 70 more = 100 tokens at 1.2 s each = 120 s: 60 s over, plus one
@@ -359,19 +360,19 @@ def test_spending_while_redis_is_away_starts_from_what_redis_said_and_is_told_af
         limits = RedisLimits(redis.url, 200, breaker=breaker)
         try:
             v = await limits.admit(a, 0, 6 * USD // 10, "r1")
-            await limits.settle(a, Spent(0, 0, 6 * USD // 10, 6 * USD // 10, v.shared, "r1"))
+            await limits.settle(a, Spent(0, 0, 6 * USD // 10, 6 * USD // 10, rid="r1"))
             breaker.failure()  # open: the limiter no longer asks Redis
             v = await limits.admit(a, 0, 3 * USD // 10, "r2")  # counted here, from the $0.60 seen
             assert v.allowed and not v.shared and v.budget_left == 4 * USD // 10
             assert not (await limits.admit(a, 0, 3 * USD // 10, "r3")).allowed  # 0.6 + 0.3 + 0.3
-            await limits.settle(a, Spent(0, 0, 3 * USD // 10, 2 * USD // 10, v.shared, "r2"))
+            await limits.settle(a, Spent(0, 0, 3 * USD // 10, 2 * USD // 10, rid="r2"))
             assert limits.view(a.key_budget)[1:3] == (8 * USD // 10, 0)
             await asyncio.sleep(0.3)  # the breaker lets a probe through again
             # the next admission replays what was spent meanwhile before Redis decides it
             v = await limits.admit(a, 0, USD // 10, "r4")
             assert v.shared and v.budget_left == 2 * USD // 10
             assert limits.owed == 0
-            await limits.settle(a, Spent(0, 0, USD // 10, 0, v.shared, "r4"))
+            await limits.settle(a, Spent(0, 0, USD // 10, 0, rid="r4"))
             assert limits.view(a.key_budget)[1:3] == (8 * USD // 10, 0)
         finally:
             await limits.aclose()
@@ -389,7 +390,8 @@ def test_the_report_reads_redis_and_falls_back_to_this_process(redis):
         limits = RedisLimits(redis.url, 200, breaker=CircuitBreaker(1, 60))
         try:
             v = await limits.admit(a, 0, USD, "r1")
-            await limits.settle(a, Spent(0, 0, USD, USD // 2, v.shared, "r1"))
+            assert v.allowed and v.shared
+            await limits.settle(a, Spent(0, 0, USD, USD // 2, rid="r1"))
             await limits.admit(a, 0, USD // 4, "r2")  # in flight
             rows, shared = await limits.report([a.key_budget, a.tenant_budget])
             assert shared
@@ -415,7 +417,7 @@ def test_a_fallback_counts_the_reservations_redis_made_for_requests_still_in_fli
             breaker.failure()  # Redis away
             v = await limits.admit(a, 0, 4 * USD // 10, "r2")  # 0.7 in flight + 0.4 > 1
             assert not v.allowed and not v.shared and v.retry_after_s == 1.0
-            await limits.settle(a, Spent(0, 0, 7 * USD // 10, USD // 10, held.shared, "r1"))
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, USD // 10, rid="r1"))
             assert (await limits.admit(a, 0, 4 * USD // 10, "r3")).allowed  # 0.1 spent + 0.4
         finally:
             await limits.aclose()

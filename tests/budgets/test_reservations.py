@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cache.breaker import CircuitBreaker
-from gateway.hops.limits import Allowance, Budget, MemoryLimits, RedisLimits, Spent, spend_key
-from gateway.hops.reservations import (
+from gateway.budgets.limits import Allowance, Budget, Spent, spend_key
+from gateway.budgets.memory_limits import MemoryLimits
+from gateway.budgets.redis_limits import RedisLimits
+from gateway.budgets.reservations import (
     ADMIT,
     EXPIRE,
     EXPIRED,
@@ -30,7 +31,8 @@ from gateway.hops.reservations import (
     TRANSITIONS,
     step,
 )
-from gateway.spend import PERIOD_CODES, period_bounds
+from gateway.budgets.spend import PERIOD_CODES, period_bounds
+from gateway.store.breaker import CircuitBreaker
 from tests.redis_support import RedisServer
 
 USD = 1_000_000_000
@@ -102,7 +104,7 @@ def test_a_dead_replicas_reservation_expires_while_another_keeps_the_budget_busy
             assert rows[0][1:3] == (8 * USD // 100, 0)  # the dead one's $0.30 is released
         finally:
             await live.aclose()
-            await dead._client.aclose()
+            await dead.client.aclose()
 
     asyncio.run(scenario())
     assert stored(redis, a.key_budget) == (8 * USD // 100, 0)
@@ -141,14 +143,14 @@ def test_a_settlement_that_timed_out_is_applied_once(redis):
             await limits.settle(a, Spent(0, 0, 0, 0, rid="warm"))  # the script is loaded
             assert (await limits.admit(a, 0, USD, "one")).allowed
             sock = stall(redis, 1.0)
-            await limits.settle(a, Spent(0, 0, USD, USD // 2, True, "one"))  # times out
+            await limits.settle(a, Spent(0, 0, USD, USD // 2, rid="one"))  # times out
             assert limits.owed == 1
             await asyncio.sleep(1.2)  # Redis wakes and runs the settlement it received
             sock.close()
             assert stored(redis, a.key_budget) == (USD // 2, 0)  # it ran, late
             # the next request through replays the ledger: the script finds it settled
             assert (await limits.admit(a, 0, USD // 10, "two")).allowed
-            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, True, "two"))
+            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, rid="two"))
             assert limits.owed == 0
         finally:
             await limits.aclose()
@@ -173,7 +175,7 @@ def test_an_admission_that_timed_out_is_resolved_when_redis_answers(redis):
             await asyncio.sleep(1.2)
             sock.close()
             assert stored(redis, a.key_budget) == (0, USD)  # the late script reserved
-            await limits.settle(a, Spent(0, 0, USD, USD // 2, v.shared, "one"))
+            await limits.settle(a, Spent(0, 0, USD, USD // 2, rid="one"))
         finally:
             await limits.aclose()
 
@@ -200,7 +202,7 @@ def test_a_refused_admission_that_timed_out_releases_what_redis_reserved(redis):
             sock.close()
             assert stored(redis, a.key_budget) == (0, 0)
             v = await limits.admit(a, 0, USD // 10, "next")
-            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, v.shared, "next"))
+            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, rid="next"))
             assert limits.owed == 0
         finally:
             await limits.aclose()
@@ -223,11 +225,11 @@ def test_a_replica_killed_mid_request_and_redis_restarted_loses_no_cent(redis):
                 assert (await (one, two)[i % 2].admit(a, 0, USD, f"r{i}")).allowed
             redis.kill()
             for i, c in enumerate(costs[:2]):  # these end while Redis is away
-                await (one, two)[i % 2].settle(a, Spent(0, 0, USD, c, True, f"r{i}"))
+                await (one, two)[i % 2].settle(a, Spent(0, 0, USD, c, rid=f"r{i}"))
             redis.start()
             await asyncio.sleep(0.3)
             for i, c in enumerate(costs[2:], 2):  # these end after: each replays its ledger
-                await (one, two)[i % 2].settle(a, Spent(0, 0, USD, c, True, f"r{i}"))
+                await (one, two)[i % 2].settle(a, Spent(0, 0, USD, c, rid=f"r{i}"))
             assert one.owed == two.owed == 0
         finally:
             await one.aclose()
@@ -278,11 +280,11 @@ def test_the_redis_script_books_a_late_settlement_to_its_period(redis):
             # this month: nothing spent, nothing reserved; last month's request still counts there
             rows, _ = await limits.report([a.key_budget])
             assert rows[0][1:3] == (0, 0)
-            await limits.settle(a, Spent(0, 0, 9 * USD // 10, 4 * USD // 10, True, "old"))
+            await limits.settle(a, Spent(0, 0, 9 * USD // 10, 4 * USD // 10, rid="old"))
             # one this process admitted itself last month (Redis was away): Redis has no record
             # of it, and books it where this process says it was admitted
             limits.local._records["local"] = ["r", 0, 0, {a.key_budget.id: before}]
-            await limits.settle(a, Spent(0, 0, 0, USD // 10, False, "local"))
+            await limits.settle(a, Spent(0, 0, 0, USD // 10, rid="local"))
         finally:
             await limits.aclose()
 
@@ -333,7 +335,7 @@ def test_the_scripts_and_the_memory_store_follow_one_table(shared_redis, ops):
                     memory.hold(a, rid, cost)
                     got = want = True
                 else:
-                    spent = Spent(0, 0, 0, cost // 2, True, rid)
+                    spent = Spent(0, 0, 0, cost // 2, rid=rid)
                     await limits.settle(a, spent)
                     memory.settle_now(a, spent)
                     got = want = True
@@ -367,7 +369,7 @@ def test_a_dead_replicas_reservation_is_released_after_the_budget_was_idle(redis
             assert (await live.admit(a, 0, 8 * USD // 10, "next")).allowed
         finally:
             await live.aclose()
-            await dead._client.aclose()
+            await dead.client.aclose()
 
     asyncio.run(scenario())
 
@@ -449,7 +451,7 @@ def test_a_request_admitted_while_redis_was_away_is_held_there_before_it_admits_
             assert limits.unheard == 0
             assert stored(redis, a.key_budget) == (0, 7 * USD // 10)
             assert "away" in limits._live  # its lease is renewed from here on
-            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 6 * USD // 10, v.shared, "away"))
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 6 * USD // 10, rid="away"))
         finally:
             await limits.aclose()
 
@@ -474,7 +476,7 @@ def test_a_held_request_is_held_without_traffic_once_redis_answers(redis):
                 if not limits.unheard:
                     break
             assert not (await other.admit(a, 0, 4 * USD // 10, "elsewhere")).allowed
-            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 7 * USD // 10, False, "away"))
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 7 * USD // 10, rid="away"))
         finally:
             await limits.aclose()
             await other.aclose()
@@ -500,8 +502,8 @@ def test_a_hold_after_an_admission_that_ran_late_counts_it_once(redis):
             assert (await limits.admit(a, 0, USD // 10, "after")).allowed
             assert limits.unheard == 0
             assert stored(redis, a.key_budget) == (0, 4 * USD // 10)  # $0.30 once, + $0.10
-            await limits.settle(a, Spent(0, 0, 3 * USD // 10, USD // 10, False, "late"))
-            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, True, "after"))
+            await limits.settle(a, Spent(0, 0, 3 * USD // 10, USD // 10, rid="late"))
+            await limits.settle(a, Spent(0, 0, USD // 10, USD // 10, rid="after"))
         finally:
             await limits.aclose()
 
@@ -518,12 +520,12 @@ def test_a_request_that_ends_before_redis_answers_is_settled_not_held(redis):
         try:
             breaker.failure()
             assert (await limits.admit(a, 0, 7 * USD // 10, "away")).allowed
-            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 5 * USD // 10, False, "away"))
+            await limits.settle(a, Spent(0, 0, 7 * USD // 10, 5 * USD // 10, rid="away"))
             assert (limits.unheard, limits.owed) == (0, 1)  # its settlement replaces its hold
             await asyncio.sleep(0.3)
             assert (await limits.admit(a, 0, 5 * USD // 10, "next")).allowed  # $0.50 + $0.50
             assert not (await limits.admit(a, 0, USD // 10, "over")).allowed
-            await limits.settle(a, Spent(0, 0, 5 * USD // 10, 5 * USD // 10, True, "next"))
+            await limits.settle(a, Spent(0, 0, 5 * USD // 10, 5 * USD // 10, rid="next"))
         finally:
             await limits.aclose()
 

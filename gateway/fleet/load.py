@@ -4,7 +4,7 @@ A backend with a ``metrics_url`` (vLLM, SGLang, ``gateway mock-upstream --capaci
 ``mock://…?capacity=N`` backend, whose server lives in this process — gets one task, started
 with the runtime and stopped with it, that every ``metrics_interval_ms`` reads the server's
 Prometheus text and publishes one immutable :class:`Load` into the backend's health
-(:meth:`gateway.hops.health.Health.publish`): the one place the strategies read. The request
+(:meth:`gateway.fleet.health.Health.publish`): the one place the strategies read. The request
 path reads the latest snapshot and never awaits a scrape (docs/architecture.md, "Background work
 never sits on the request path").
 
@@ -22,7 +22,7 @@ size           ``vllm:cache_config_info``'s         ``sglang:max_running_request
 
 Queue depth and running are summed over label sets (engines, data-parallel ranks); KV-cache
 usage, a ratio, is the fullest label set's (the engine that fills first is the one that stalls).
-The size, where the server states it, is what the scorer (:class:`gateway.hops.balance.Scorer`)
+The size, where the server states it, is what the scorer (:class:`gateway.fleet.scorer.Scorer`)
 learns a backend's capacity from beside its scrapes.
 A scrape that fails — an error answer, text without these names, no answer within the period
 (the timeout) — publishes nothing known: the backend's load is unknown at once (and so is a

@@ -12,7 +12,8 @@ import pytest
 
 from gateway.config import BackendConfig, RouteConfig
 from gateway.errors import GatewayError
-from gateway.hops.fleet import (
+from gateway.fleet.health import Health
+from gateway.fleet.load import (
     Fleet,
     Load,
     MetricsError,
@@ -21,7 +22,6 @@ from gateway.hops.fleet import (
     read_load,
     read_metrics,
 )
-from gateway.hops.health import Health
 from gateway.mock.capacity import in_process
 from gateway.routes import Backend, Route
 from gateway.transports import for_backend

@@ -7,7 +7,7 @@ each request's key to one backend by rendezvous hashing (highest random weight):
 gets a score from the key and its name, the highest wins. So a key keeps its backend while the
 fleet is stable, every gateway replica picks the same one (the hash is not Python's salted
 ``hash``), and when a backend leaves only its keys move, each to its next in hash order; the
-others stay put. The health hop (:meth:`gateway.hops.health.Health.order`) takes the hash order
+others stay put. The health hop (:meth:`gateway.fleet.health.Health.order`) takes the hash order
 over the backends that are healthy and unsaturated: a saturated or ejected preferred backend
 spills to the next.
 

@@ -4,7 +4,7 @@ backend and its (backend, model) pairs, driven directly — no route, no strateg
 
 from __future__ import annotations
 
-from gateway.hops.ejection import (
+from gateway.fleet.ejection import (
     ANSWER_FAILED,
     CONNECTION_FAILED,
     SUCCESS,
