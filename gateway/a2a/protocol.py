@@ -155,8 +155,23 @@ class NamedIds:
     references: tuple[str, ...] = ()
 
 
-def _string(obj: dict[str, Any], key: str, what: str) -> str | None:
-    value = obj.get(key)
+def _snake(name: str) -> str:
+    """``taskId`` → ``task_id``: the proto field name a ProtoJSON parser accepts too."""
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def pick(obj: dict[str, Any], *names: str) -> Any:
+    """The member ``obj`` gives under any spelling of ``names`` — each JSON name and its proto
+    field name (a ProtoJSON parser, as the SDKs' servers use, accepts both, A2A §5.5). Two
+    spellings given at once are refused (ValueError): the agent could read the other one."""
+    found = [n for name in names for n in dict.fromkeys((name, _snake(name))) if n in obj]
+    if len(found) > 1:
+        raise ValueError(f"{found[0]!r} is given twice ({', '.join(found)})")
+    return obj[found[0]] if found else None
+
+
+def _string(obj: dict[str, Any], what: str, *names: str) -> str | None:
+    value = pick(obj, *names)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -165,9 +180,10 @@ def _string(obj: dict[str, Any], key: str, what: str) -> str | None:
 
 
 def named(method: Method, params: dict[str, Any]) -> NamedIds:
-    """What ``params`` names (ValueError: an id of the wrong type, a missing task id)."""
+    """What ``params`` names (ValueError: an id of the wrong type or given twice, a missing
+    task id or message)."""
     if method.names_task:
-        task = _string(params, "id", "the task id")
+        task = _string(params, "the task id", "id")
         if task is None:
             raise ValueError("the task id is required")
         return NamedIds(task=task)
@@ -175,10 +191,10 @@ def named(method: Method, params: dict[str, Any]) -> NamedIds:
         return NamedIds(context=_string(params, "contextId", "contextId"))
     if method.kind not in ("send", "stream"):
         return NamedIds()
-    message = params.get("message")
+    message = pick(params, "message", "request")  # 0.3's proto names it ``request``
     if not isinstance(message, dict):
         raise ValueError("a message is required")
-    refs = message.get("referenceTaskIds") or []
+    refs = pick(message, "referenceTaskIds") or []
     if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):
         raise ValueError("referenceTaskIds must be a list of task ids")
     return NamedIds(
@@ -189,13 +205,13 @@ def named(method: Method, params: dict[str, Any]) -> NamedIds:
 
 
 def asks_push(params: dict[str, Any]) -> bool:
-    """Whether a send names a push-notification config (1.0 and 0.3 spellings)."""
-    config = params.get("configuration")
+    """Whether a send names a push-notification config, in any spelling (1.0
+    ``taskPushNotificationConfig``, 0.3 ``pushNotificationConfig``, 0.3's proto
+    ``push_notification``): any member of its configuration whose name says push."""
+    config = pick(params, "configuration")
     if not isinstance(config, dict):
         return False
-    return any(
-        config.get(k) is not None for k in ("taskPushNotificationConfig", "pushNotificationConfig")
-    )
+    return any("push" in str(k).lower() and v is not None for k, v in config.items())
 
 
 @dataclass(slots=True)
@@ -220,6 +236,12 @@ def state_name(raw: Any) -> str | None:
     return raw.removeprefix("TASK_STATE_").lower().replace("-", "_") or None
 
 
+def _first(obj: dict[str, Any], name: str) -> Any:
+    """An answer's member under its JSON name, else its proto field name."""
+    value = obj.get(name)
+    return obj.get(_snake(name)) if value is None else value
+
+
 def _task_facts(task: dict[str, Any], facts: Facts) -> None:
     if isinstance(task.get("id"), str):
         facts.tasks.append(task["id"])
@@ -230,16 +252,18 @@ def _task_facts(task: dict[str, Any], facts: Facts) -> None:
 
 
 def _context(obj: dict[str, Any], facts: Facts) -> None:
-    if isinstance(obj.get("contextId"), str):
-        facts.contexts.append(obj["contextId"])
+    context = _first(obj, "contextId")
+    if isinstance(context, str):
+        facts.contexts.append(context)
 
 
 def _event_facts(obj: dict[str, Any], kind: str, facts: Facts) -> None:
     if kind == "task":
         _task_facts(obj, facts)
         return
-    if isinstance(obj.get("taskId"), str):
-        facts.tasks.append(obj["taskId"])
+    task = _first(obj, "taskId")
+    if isinstance(task, str):
+        facts.tasks.append(task)
     _context(obj, facts)
     if kind == "message":
         facts.final = True  # a message answers the whole request (A2A §3.1.2)
@@ -252,11 +276,9 @@ def _event_facts(obj: dict[str, Any], kind: str, facts: Facts) -> None:
 
 
 _WRAPPED = {
-    "task": "task",
-    "message": "message",
-    "statusUpdate": "status",
-    "artifactUpdate": "artifact",
-}
+    "task": "task", "message": "message", "msg": "message", "statusUpdate": "status",
+    "status_update": "status", "artifactUpdate": "artifact", "artifact_update": "artifact",
+}  # fmt: skip
 _KINDS = {
     "task": "task",
     "message": "message",
@@ -307,6 +329,7 @@ __all__ = [
     "facts_of",
     "named",
     "parse_rpc",
+    "pick",
     "refusal",
     "rest_error",
     "rpc_error",
