@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway import endpoints, stateful
+from gateway.a2a.endpoint import PREFIX as A2A
+from gateway.a2a.endpoint import A2aEndpoints
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
 from gateway.live.view import LiveView
@@ -63,6 +65,8 @@ class Gateway:
             self._endpoints.update(LiveView(config).endpoints())
         self._mcp = McpEndpoints(config)  # /mcp and /mcp/{server} (docs/spec.md §23)
         self._endpoints.update(self._mcp.endpoints())
+        self._a2a = A2aEndpoints(config)  # /a2a and /a2a/{agent}… (docs/spec.md §30)
+        self._endpoints.update(self._a2a.endpoints())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -79,6 +83,8 @@ class Gateway:
             if endpoint is None:
                 endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
                 endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
+                if path.startswith(A2A) and self._a2a.on:  # A2A's HTTP+JSON binding (§30)
+                    endpoint = self._a2a.rest
                 if not canonical_scope(scope):  # a scope made by another server: not forwarded
                     endpoint = endpoints.bad_path("the path is not in its canonical form")
             await endpoint(rt, scope, receive, send)
@@ -110,6 +116,7 @@ class Gateway:
     async def shutdown(self) -> None:
         rt, self.runtime = self.runtime, None
         await self._mcp.aclose()
+        await self._a2a.aclose()
         if rt is not None:
             await rt.aclose()
 

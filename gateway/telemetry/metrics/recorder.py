@@ -33,6 +33,7 @@ from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext
 from gateway.memo import remember
 from gateway.telemetry.metrics.groups import (
+    A2aMetrics,
     McpMetrics,
     ObjectMetrics,
     RealtimeMetrics,
@@ -118,6 +119,10 @@ class Metrics:
         self.mcp = McpMetrics()
         self.counters = (*self.counters, self.mcp.requests)
         self.histograms = (*self.histograms, self.mcp.duration)
+        #: A2A calls (docs/spec.md §30), counted by gateway/a2a as each one ends
+        self.a2a = A2aMetrics()
+        self.counters = (*self.counters, self.a2a.requests)
+        self.histograms = (*self.histograms, self.a2a.duration)
         #: stateful calls (docs/spec.md §24)
         self.objects = ObjectMetrics()
         self.counters = (*self.counters, self.objects.bytes)
