@@ -166,6 +166,7 @@ class LiveView:
         self.prefix = config.ui.path
         self._auth_on = config.auth.mode != "off"
         self._slow_ms = config.logging.slow_ms
+        #: the mode shown beside the records: text is in them only with "full"
         self._capture = config.tracing.capture_content
         # shipped in the package (package-data): read once, served from memory
         self._assets = {sub: (_asset(file), ctype) for sub, (file, ctype) in _ASSETS.items()}
