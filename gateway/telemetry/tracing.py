@@ -29,7 +29,13 @@ from gateway.config import TracingConfig
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.telemetry import otlp
 from gateway.telemetry.content import ContentPolicy
-from gateway.telemetry.export import BatchExporter, SpanQueue, make_exporter
+from gateway.telemetry.export import (
+    BatchExporter,
+    SpanQueue,
+    make_exporter,
+    make_metrics_exporter,
+)
+from gateway.telemetry.genai_metrics import GenAIMetrics
 from gateway.telemetry.spans import EdgeHop, build_framed
 from gateway.telemetry.spans.conventions import SpanStyle
 
@@ -162,9 +168,12 @@ class Tracing:
         self._bound = TraceIdRatioBased.get_bound_for_rate(cfg.sample_ratio)
         self._trust = cfg.trust_incoming
         self.queue: SpanQueue | None = None
+        #: the GenAI client metrics over OTLP (``metrics = true``, docs/spec.md §7)
+        self.genai_metrics: GenAIMetrics | None = None
         if not self.enabled:
             return
-        encoder = otlp.RequestEncoder(resource_attributes(cfg), SCOPE_NAME, __version__)
+        resource = resource_attributes(cfg)
+        encoder = otlp.RequestEncoder(resource, SCOPE_NAME, __version__)
         if exporter is None:
             exporter = make_exporter(cfg, environ)  # ExportConfigError: a startup error
         self.queue = SpanQueue(
@@ -174,6 +183,11 @@ class Tracing:
             max_batch=cfg.max_export_batch_size,
             schedule_delay_s=cfg.schedule_delay_ms / 1000,
         )
+        if cfg.metrics and cfg.exporter == "otlp":
+            metrics_exporter = make_metrics_exporter(cfg, environ)
+            self.genai_metrics = GenAIMetrics(metrics_exporter, resource, cfg.metrics_interval_s)
+        elif cfg.metrics:
+            log.warning("tracing.metrics: the GenAI metrics go over OTLP only (exporter = otlp)")
 
     # ------------------------------------------------------------ per request
 
@@ -315,3 +329,5 @@ class Tracing:
     def shutdown(self) -> None:
         if self.queue is not None:
             self.queue.shutdown(self.cfg.shutdown_timeout_s)
+        if self.genai_metrics is not None:
+            self.genai_metrics.shutdown(self.cfg.shutdown_timeout_s)
