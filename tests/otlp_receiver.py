@@ -3,8 +3,8 @@
 It listens on 127.0.0.1, decodes every ``ExportTraceServiceRequest`` it is sent into
 :class:`ReceivedSpan` values (and every ``ExportMetricsServiceRequest``, ``/v1/metrics`` or
 ``MetricsService/Export``, into :class:`ReceivedPoint` values) and answers like a collector
-would. ``status`` and ``delay_s`` make it a failing or a slow collector (both can be changed while it runs; ``next_statuses`` answers the
-next calls with those statuses first); ``retry_after_s`` adds the ``Retry-After`` header (HTTP) or
+would. ``status`` and ``delay_s`` make it a failing or a slow collector (both can be changed
+while it runs; ``next_statuses`` answers the next calls with those statuses first); ``retry_after_s`` adds the ``Retry-After`` header (HTTP) or
 a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel exporters honour as their retry backoff.
 ``tls=True`` serves TLS with a certificate from its own trustme CA (``ca_file`` is what
 ``OTEL_EXPORTER_OTLP_CERTIFICATE`` names), ``client_auth=True`` also requires a client certificate
