@@ -2,17 +2,18 @@
 
 It listens on 127.0.0.1, decodes every ``ExportTraceServiceRequest`` it is sent into
 :class:`ReceivedSpan` values (and every ``ExportMetricsServiceRequest``, ``/v1/metrics`` or
-``MetricsService/Export``, into :class:`ReceivedPoint` values) and answers like a collector
-would. ``status`` and ``delay_s`` make it a failing or a slow collector (both can be changed
-while it runs; ``next_statuses`` answers the next calls with those statuses first); ``retry_after_s`` adds the ``Retry-After`` header (HTTP) or
-a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel exporters honour as their retry backoff.
-``tls=True`` serves TLS with a certificate from its own trustme CA (``ca_file`` is what
-``OTEL_EXPORTER_OTLP_CERTIFICATE`` names), ``client_auth=True`` also requires a client certificate
-(``client_cert_file`` / ``client_key_file``), ``accept_gzip=False`` refuses gzip request bodies
-(for gRPC the only way to see that a client compressed: grpc-python hides grpc-encoding from the
-servicer). Request headers (gRPC: metadata) and on-the-wire body sizes are recorded. It is stopped
-by its own handle; ``start()`` after ``stop()`` binds the same port again, so a test can take the
-collector down and bring it back. :class:`BlackHole` accepts connections and never answers.
+``MetricsService/Export``, into :class:`ReceivedPoint` values) and answers like a collector would.
+``status`` and ``delay_s`` make it a failing or a slow collector (both can be changed while it
+runs; ``next_statuses`` answers the next calls with those statuses first); ``retry_after_s`` adds
+the ``Retry-After`` header (HTTP) or a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel
+exporters honour as their retry backoff. ``tls=True`` serves TLS with a certificate from its own
+trustme CA (``ca_file`` is what ``OTEL_EXPORTER_OTLP_CERTIFICATE`` names), ``client_auth=True``
+also requires a client certificate (``client_cert_file`` / ``client_key_file``),
+``accept_gzip=False`` refuses gzip request bodies (for gRPC the only way to see that a client
+compressed: grpc-python hides grpc-encoding from the servicer). Request headers (gRPC: metadata)
+and on-the-wire body sizes are recorded. It is stopped by its own handle; ``start()`` after
+``stop()`` binds the same port again, so a test can take the collector down and bring it back.
+:class:`BlackHole` accepts connections and never answers.
 
     with OTLPReceiver("grpc") as otlp:
         ...  # point OTEL_EXPORTER_OTLP_ENDPOINT (or the exporter) at otlp.endpoint
