@@ -48,7 +48,7 @@ MAX_SERIES = 2000
 Key = tuple[tuple[str, Any], ...]
 
 
-class Histogram:
+class CumulativeHistogram:
     """One cumulative histogram instrument: attribute set -> [bucket counts…, count, sum,
     min, max]."""
 
@@ -86,16 +86,16 @@ class GenAIMetrics:
         interval_s: float,
     ) -> None:
         self.exporter = exporter
-        self.duration = Histogram(
+        self.duration = CumulativeHistogram(
             "gen_ai.client.operation.duration", "s", "GenAI operation duration.", DURATION_BUCKETS
         )
-        self.tokens = Histogram(
+        self.tokens = CumulativeHistogram(
             "gen_ai.client.token.usage",
             "{token}",
             "Number of input and output tokens used.",
             TOKEN_BUCKETS,
         )
-        self.first_chunk = Histogram(
+        self.first_chunk = CumulativeHistogram(
             "gen_ai.client.operation.time_to_first_chunk",
             "s",
             "Time to receive the first chunk in a streaming response.",
@@ -161,7 +161,7 @@ class GenAIMetrics:
         self.exported += points if ok else 0
         return ok
 
-    def instruments(self) -> list[tuple[Histogram, list[tuple[Key, list[float]]]]]:
+    def instruments(self) -> list[tuple[CumulativeHistogram, list[tuple[Key, list[float]]]]]:
         """Each instrument with a copy of its rows (``list(dict.items())`` is one step)."""
         return [(h, list(h.rows.items())) for h in (self.duration, self.tokens, self.first_chunk)]
 
@@ -178,7 +178,7 @@ class GenAIMetrics:
 def encode(
     resource: Mapping[str, Any],
     start_ns: int,
-    instruments: list[tuple[Histogram, list[tuple[Key, list[float]]]]],
+    instruments: list[tuple[CumulativeHistogram, list[tuple[Key, list[float]]]]],
 ) -> tuple[bytes, int]:
     """An ``ExportMetricsServiceRequest`` (opentelemetry/proto/collector/metrics/v1) of
     cumulative histograms, and how many data points it holds."""
@@ -193,35 +193,9 @@ def encode(
     metrics = []
     points = 0
     for histogram, rows in instruments:
-        if not rows:
-            continue
-        n = len(histogram.bounds)
-        data_points = [
-            metrics_pb2.HistogramDataPoint(
-                attributes=[_kv(k, v) for k, v in key],
-                start_time_unix_nano=start_ns,
-                time_unix_nano=now,
-                count=int(row[n + 1]),
-                sum=row[n + 2],
-                bucket_counts=[int(c) for c in row[: n + 1]],
-                explicit_bounds=histogram.bounds,
-                min=row[n + 3],
-                max=row[n + 4],
-            )
-            for key, row in rows
-        ]
-        points += len(data_points)
-        metrics.append(
-            metrics_pb2.Metric(
-                name=histogram.name,
-                unit=histogram.unit,
-                description=histogram.description,
-                histogram=metrics_pb2.Histogram(
-                    data_points=data_points,
-                    aggregation_temporality=metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE,
-                ),
-            )
-        )
+        if rows:
+            metrics.append(_metric(metrics_pb2, histogram, rows, start_ns, now))
+            points += len(rows)
     request = ExportMetricsServiceRequest(
         resource_metrics=[
             metrics_pb2.ResourceMetrics(
@@ -238,6 +212,40 @@ def encode(
     return request.SerializeToString(), points
 
 
+def _metric(
+    metrics_pb2: Any,
+    histogram: CumulativeHistogram,
+    rows: list[tuple[Key, list[float]]],
+    start_ns: int,
+    now: int,
+) -> Any:
+    """One cumulative histogram ``Metric`` with a data point per attribute set."""
+    n = len(histogram.bounds)
+    data_points = [
+        metrics_pb2.HistogramDataPoint(
+            attributes=[_kv(k, v) for k, v in key],
+            start_time_unix_nano=start_ns,
+            time_unix_nano=now,
+            count=int(row[n + 1]),
+            sum=row[n + 2],
+            bucket_counts=[int(c) for c in row[: n + 1]],
+            explicit_bounds=histogram.bounds,
+            min=row[n + 3],
+            max=row[n + 4],
+        )
+        for key, row in rows
+    ]
+    return metrics_pb2.Metric(
+        name=histogram.name,
+        unit=histogram.unit,
+        description=histogram.description,
+        histogram=metrics_pb2.Histogram(
+            data_points=data_points,
+            aggregation_temporality=metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE,
+        ),
+    )
+
+
 def _kv(key: str, value: Any) -> Any:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -250,4 +258,4 @@ def _kv(key: str, value: Any) -> Any:
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
-__all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "GenAIMetrics", "Histogram", "encode"]
+__all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "CumulativeHistogram", "GenAIMetrics", "encode"]
