@@ -30,14 +30,15 @@ def _spans_of(phoenix: Phoenix, trace_id: str) -> list[dict[str, Any]]:
     return [s for s in r.json()["data"] if s["context"]["trace_id"] == trace_id]
 
 
-def _llm_span(phoenix: Phoenix, trace_id: str) -> dict[str, Any]:
+def _spans(phoenix: Phoenix, trace_id: str) -> dict[str, dict[str, Any]]:
+    """The trace's spans by name, once its model call's CLIENT span arrived."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        found = [s for s in _spans_of(phoenix, trace_id) if s["span_kind"] == "LLM"]
-        if found:
-            return found[0]
+        found = {s["name"]: s for s in _spans_of(phoenix, trace_id)}
+        if "chat gpt-4o-mini" in found and "POST /v1/chat/completions" in found:
+            return found
         time.sleep(0.3)
-    raise AssertionError(f"no LLM span of trace {trace_id} in Phoenix\n{phoenix.log()}")
+    raise AssertionError(f"trace {trace_id} is not in Phoenix\n{phoenix.log()}")
 
 
 @pytest.mark.parametrize("conventions", ["genai", "openinference"])
@@ -75,9 +76,10 @@ output = 8.0
     client.close()
     assert usage is not None
     trace_id = raw.headers["traceresponse"].split("-")[1]
-    span = _llm_span(phoenix, trace_id)
+    spans = _spans(phoenix, trace_id)
+    span = spans["chat gpt-4o-mini"]  # the model call's CLIENT span
+    assert span["span_kind"] == "LLM"
     a = span["attributes"]
-    assert span["name"] == "chat gpt-4o-mini"
     assert a["llm.model_name"] == "gpt-4o-mini"  # Phoenix's own reading of either convention
     assert a["llm.token_count.prompt"] == usage.prompt_tokens
     assert a["llm.token_count.completion"] == usage.completion_tokens
@@ -86,6 +88,8 @@ output = 8.0
     assert a["gateway.cost_usd"] == pytest.approx(ours)  # the gateway's price, on the span
     if conventions == "openinference":
         assert a["llm.cost.total"] == pytest.approx(ours)
+        # the request is the chain the model call runs in (Phoenix counts one LLM call)
+        assert spans["POST /v1/chat/completions"]["span_kind"] == "CHAIN"
     # Phoenix prices the span itself from its tokens and model (its own price table)
     node = phoenix.graphql(
         f'query {{ node(id: "{span["id"]}") {{ ... on Span {{ '
