@@ -326,6 +326,7 @@ class Answer:
         "cost_usd",
         "costed",
         "error",
+        "expected",
         "finish_reasons",
         "pricing",
         "reservation",
@@ -363,6 +364,9 @@ class Answer:
         self.admission_due = False
         #: the reservation's id (gateway/budgets/reservations.py; '' when nothing was reserved)
         self.reservation = ""
+        #: a status of 400 and above that is the protocol's normal answer, no failure (an MCP
+        #: GET no server has a notification stream for: 405, docs/spec.md §23)
+        self.expected = False
 
     @property
     def input_tokens(self) -> int | None:
@@ -390,6 +394,8 @@ class Answer:
             return error.code or error.type
         if self.status == 499:
             return "client_disconnected"
+        if self.expected:
+            return None
         if self.status >= 500:
             return "upstream_server_error"
         if self.status >= 400:

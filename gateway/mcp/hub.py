@@ -73,6 +73,7 @@ class McpRequest:
         """Answer a GET that no server has a notification stream for: 405, recorded as what
         it is (``no_stream``), not as a failure (docs/spec.md §23)."""
         self.ctx.mcp["status"] = "no_stream"
+        self.ctx.answer.expected = True
         text = "no notification stream is offered here: the answers come on each POST"
         await self.out.whole(405, NO_STREAM_HEADERS, rpc_error(None, -32000, text))
 

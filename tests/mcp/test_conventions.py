@@ -15,7 +15,7 @@ import pytest
 from tests.mcp.mcp_support import McpUpstream, mcp_config
 from tests.model_api_support import traced
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
-from tests.spend_support import sample
+from tests.spend_support import sample, samples
 from tests.support import gateway_config
 
 ACCEPT = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18"}
@@ -137,6 +137,9 @@ url = "mock://"
 
 [logging]
 access_log = "all"
+
+[ui]
+enabled = true
 """
 
 
@@ -153,10 +156,18 @@ def test_a_get_no_server_streams_for_is_answered_alike_and_is_no_failure(gateway
     assert [x["path"] for x in gets] == ["/mcp/builtin", "/mcp"]
     for line in gets:
         assert line["status"] == 405 and line["mcp"]["status"] == "no_stream"
-        assert "error" not in line["mcp"]
+        assert "error" not in line["mcp"] and line.get("error_type") is None
     for server in ("builtin", "*"):
         labels = {"server": server, "method": "stream", "tool": ""}
         assert sample(gw.url, "gateway_mcp_requests_total", **labels, status="no_stream") == 1
+    errors = [k for k in samples(gw.url, "gateway_errors_total") if ("status_code", "405") in k]
+    assert errors == []
+    # the live view lists them, and not among the failures
+    api = gw.url + "/_gateway/api/requests"
+    listed = httpx2.get(api, timeout=5).json()["requests"]
+    assert sum(r["path"] in ("/mcp", "/mcp/builtin") and r["method"] == "GET" for r in listed) == 2
+    failures = httpx2.get(api, params={"status": "error"}, timeout=5).json()["requests"]
+    assert [r for r in failures if r["method"] == "GET"] == []
 
 
 def test_a_stream_the_client_ends_is_no_499(gateway, mcp_upstream, access_lines):
