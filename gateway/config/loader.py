@@ -97,7 +97,7 @@ def _boolean_capture(data: dict[str, Any]) -> None:
     if not isinstance(tracing, dict) or "capture_content" not in tracing:
         return
     value = tracing["capture_content"]
-    if isinstance(value, str) and not isinstance(value, bool):
+    if isinstance(value, str):  # a GATEWAY__TRACING__CAPTURE_CONTENT variable
         value = {"true": True, "false": False}.get(value.strip().lower(), value)
     if value is True or value is False:
         tracing["capture_content"] = "full" if value else "none"

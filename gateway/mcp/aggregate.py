@@ -290,13 +290,13 @@ async def stream(hub: Hub, call: McpRequest) -> None:
     follows = [asyncio.ensure_future(_follow(a, r, queue)) for _, a, r in streams]
     headers = [(b"content-type", SSE), (b"cache-control", b"no-cache")]
     headers += [(b"mcp-session-id", session.id.encode()), (b"x-accel-buffering", b"no")]
-    await out.start(200, headers)
 
     async def relayed() -> None:
+        await out.start(200, headers)
         while True:
             await out.body(await queue.get(), more=True)
 
-    try:
+    try:  # the servers' streams end with the client's, whatever ends it
         await until_disconnect(ctx, call.receive, relayed())
     finally:
         for task in follows:

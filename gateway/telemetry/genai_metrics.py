@@ -170,7 +170,8 @@ class GenAIMetrics:
         self._stop.set()
         self._thread.join(timeout_s)
         try:
-            self.export()
+            if not self._thread.is_alive():  # else it is still exporting: never two at once
+                self.export()
         finally:
             self.exporter.shutdown()
 
