@@ -143,6 +143,7 @@ class TraceContext:
     __slots__ = (
         "flags",
         "id_bytes",
+        "link",
         "parent_span_id",
         "prefix",
         "root_span_id",
@@ -171,6 +172,10 @@ class TraceContext:
         self.id_bytes = trace_id.to_bytes(16, "big")
         self.prefix = "00-" + self.id_bytes.hex() + "-"
         self.suffix = "-01" if sampled else "-00"
+        #: another context the request belongs to, recorded as a span link of the root:
+        #: (trace id, span id, tracestate) — the HTTP request's own parent when an MCP message's
+        #: ``params._meta.traceparent`` became the root's parent (docs/spec.md §23)
+        self.link: tuple[int, int, str] | None = None
 
     def traceparent(self, span_id: int) -> str:
         return self.prefix + span_id.to_bytes(8, "big").hex() + self.suffix
@@ -321,6 +326,7 @@ class Answer:
         "cost_usd",
         "costed",
         "error",
+        "expected",
         "finish_reasons",
         "pricing",
         "reservation",
@@ -358,6 +364,9 @@ class Answer:
         self.admission_due = False
         #: the reservation's id (gateway/budgets/reservations.py; '' when nothing was reserved)
         self.reservation = ""
+        #: a status of 400 and above that is the protocol's normal answer, no failure (an MCP
+        #: GET no server has a notification stream for: 405, docs/spec.md §23)
+        self.expected = False
 
     @property
     def input_tokens(self) -> int | None:
@@ -385,6 +394,8 @@ class Answer:
             return error.code or error.type
         if self.status == 499:
             return "client_disconnected"
+        if self.expected:
+            return None
         if self.status >= 500:
             return "upstream_server_error"
         if self.status >= 400:
@@ -443,6 +454,9 @@ class RequestContext:
     call: Call | None = None
     #: the client went away before the answer was complete (status 499)
     disconnected = False
+    #: the conversation the call belongs to, as the request names it (the Responses API's
+    #: ``conversation``; a realtime session's id): ``gen_ai.conversation.id`` (docs/spec.md §7)
+    conversation_id: str | None = None
     #: a stateful call's streamed upload and download, in bytes (docs/spec.md §24; None: the
     #: request streamed none): the root span's http.request.body.size / http.response.body.size
     upload_bytes: int | None = None

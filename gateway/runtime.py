@@ -176,7 +176,8 @@ def build_runtime(config: Config, environ: Mapping[str, str] | None = None) -> R
     metrics, exposition = _metrics(config, env, health, auth, backends)
     recent = None
     if config.ui.enabled:
-        recent = RecentRequests(config.ui.recent, capture=config.tracing.capture_content)
+        content = tracing.content  # the live view shows text only when spans may carry it
+        recent = RecentRequests(config.ui.recent, capture=content if content.full else None)
     return Runtime(
         config=config,
         edge=RequestEdge(config.edge),

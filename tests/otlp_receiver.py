@@ -1,17 +1,19 @@
 """A real OTLP trace receiver for the tests: OTLP/HTTP (protobuf or JSON) and OTLP/gRPC.
 
 It listens on 127.0.0.1, decodes every ``ExportTraceServiceRequest`` it is sent into
-:class:`ReceivedSpan` values and answers like a collector would. ``status`` and ``delay_s`` make it
-a failing or a slow collector (both can be changed while it runs; ``next_statuses`` answers the
-next calls with those statuses first); ``retry_after_s`` adds the ``Retry-After`` header (HTTP) or
-a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel exporters honour as their retry backoff.
-``tls=True`` serves TLS with a certificate from its own trustme CA (``ca_file`` is what
-``OTEL_EXPORTER_OTLP_CERTIFICATE`` names), ``client_auth=True`` also requires a client certificate
-(``client_cert_file`` / ``client_key_file``), ``accept_gzip=False`` refuses gzip request bodies
-(for gRPC the only way to see that a client compressed: grpc-python hides grpc-encoding from the
-servicer). Request headers (gRPC: metadata) and on-the-wire body sizes are recorded. It is stopped
-by its own handle; ``start()`` after ``stop()`` binds the same port again, so a test can take the
-collector down and bring it back. :class:`BlackHole` accepts connections and never answers.
+:class:`ReceivedSpan` values (and every ``ExportMetricsServiceRequest``, ``/v1/metrics`` or
+``MetricsService/Export``, into :class:`ReceivedPoint` values) and answers like a collector would.
+``status`` and ``delay_s`` make it a failing or a slow collector (both can be changed while it
+runs; ``next_statuses`` answers the next calls with those statuses first); ``retry_after_s`` adds
+the ``Retry-After`` header (HTTP) or a ``google.rpc.RetryInfo`` trailer (gRPC) that the OTel
+exporters honour as their retry backoff. ``tls=True`` serves TLS with a certificate from its own
+trustme CA (``ca_file`` is what ``OTEL_EXPORTER_OTLP_CERTIFICATE`` names), ``client_auth=True``
+also requires a client certificate (``client_cert_file`` / ``client_key_file``),
+``accept_gzip=False`` refuses gzip request bodies (for gRPC the only way to see that a client
+compressed: grpc-python hides grpc-encoding from the servicer). Request headers (gRPC: metadata)
+and on-the-wire body sizes are recorded. It is stopped by its own handle; ``start()`` after
+``stop()`` binds the same port again, so a test can take the collector down and bring it back.
+:class:`BlackHole` accepts connections and never answers.
 
     with OTLPReceiver("grpc") as otlp:
         ...  # point OTEL_EXPORTER_OTLP_ENDPOINT (or the exporter) at otlp.endpoint
@@ -44,14 +46,20 @@ from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status as RpcStatus
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 __all__ = [
+    "METRICS_PATH",
     "TRACES_PATH",
     "BlackHole",
     "OTLPReceiver",
+    "ReceivedPoint",
     "ReceivedSpan",
     "decode_any_value",
     "decode_export_request",
@@ -59,6 +67,7 @@ __all__ = [
 ]
 
 TRACES_PATH = "/v1/traces"
+METRICS_PATH = "/v1/metrics"
 _MAX_BODY = 64 * 1024 * 1024  # the Python exporters' default max_request_size
 
 _KIND_NAMES = {v: k.removeprefix("SPAN_KIND_") for k, v in trace_pb2.Span.SpanKind.items()}
@@ -114,6 +123,54 @@ class ReceivedSpan:
             f"{self.name!r} {self.kind} trace={self.trace_id} span={self.span_id} "
             f"parent={parent} status={self.status_code}"
         )
+
+
+@dataclass
+class ReceivedPoint:
+    """One histogram data point of an exported metric."""
+
+    name: str
+    unit: str
+    attributes: dict[str, Any]
+    count: int
+    sum: float
+    bucket_counts: list[int]
+    explicit_bounds: list[float]
+    min: float
+    max: float
+    temporality: int  # 2 = cumulative
+    resource: dict[str, Any]
+    scope_name: str
+
+
+def decode_metrics_request(
+    req: metrics_service_pb2.ExportMetricsServiceRequest,
+) -> list[ReceivedPoint]:
+    """Every histogram data point of a metrics export request (other kinds are not sent)."""
+    points: list[ReceivedPoint] = []
+    for rm in req.resource_metrics:
+        resource = _decode_attributes(rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                hist = metric.histogram
+                points.extend(
+                    ReceivedPoint(
+                        name=metric.name,
+                        unit=metric.unit,
+                        attributes=_decode_attributes(dp.attributes),
+                        count=dp.count,
+                        sum=dp.sum,
+                        bucket_counts=list(dp.bucket_counts),
+                        explicit_bounds=list(dp.explicit_bounds),
+                        min=dp.min,
+                        max=dp.max,
+                        temporality=hist.aggregation_temporality,
+                        resource=resource,
+                        scope_name=sm.scope.name,
+                    )
+                    for dp in hist.data_points
+                )
+    return points
 
 
 def decode_any_value(value: AnyValue) -> Any:
@@ -268,6 +325,7 @@ class OTLPReceiver:
             self._make_certificates()
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
+        self._points: list[ReceivedPoint] = []
         self._export_requests = 0
         self._rejected_requests = 0
         self._errors: list[str] = []
@@ -358,6 +416,9 @@ class OTLPReceiver:
                 options.append(("grpc.compression_enabled_algorithms_bitset", 1))
             server = grpc.server(self._grpc_pool, options=options)
             trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Servicer(self), server)
+            metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+                _MetricsServicer(self), server
+            )
             address = f"127.0.0.1:{self.port}"
             if self.tls:
                 bound = server.add_secure_port(address, self._grpc_credentials())
@@ -403,6 +464,27 @@ class OTLPReceiver:
             return list(self._spans)
 
     @property
+    def points(self) -> list[ReceivedPoint]:
+        """Every metric data point received, in arrival order (cumulative points repeat)."""
+        with self._cond:
+            return list(self._points)
+
+    def wait_for_points(
+        self, predicate: Callable[[list[ReceivedPoint]], bool], timeout: float = 10.0
+    ) -> list[ReceivedPoint]:
+        """Wait until ``predicate(points)`` holds; return the points. AssertionError on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            snapshot = self.points
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() >= deadline:
+                names = sorted({p.name for p in snapshot})
+                raise AssertionError(f"OTLP receiver: metrics condition not met: {names}")
+            with self._cond:
+                self._cond.wait(0.05)
+
+    @property
     def export_requests(self) -> int:
         """Export calls received (every retry counts; rejected and undecodable ones too)."""
         with self._cond:
@@ -435,6 +517,7 @@ class OTLPReceiver:
     def clear(self) -> None:
         with self._cond:
             self._spans.clear()
+            self._points.clear()
             self._export_requests = 0
             self._rejected_requests = 0
             self._errors.clear()
@@ -500,6 +583,12 @@ class OTLPReceiver:
         spans = decode_export_request(req)
         with self._cond:
             self._spans.extend(spans)
+            self._cond.notify_all()
+
+    def _accept_metrics(self, req: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
+        points = decode_metrics_request(req)
+        with self._cond:
+            self._points.extend(points)
             self._cond.notify_all()
 
     def _wait_delay(self) -> bool:
@@ -578,9 +667,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         is_json = ctype == "application/json"
-        if path != TRACES_PATH:
+        if path not in (TRACES_PATH, METRICS_PATH):
             receiver._reject(f"POST {self.path}: not {TRACES_PATH}")
             self._answer(404, is_json, "not found")
+            return
+        if path == METRICS_PATH:
+            self._metrics(body, ctype)
             return
         if ctype not in ("application/x-protobuf", "application/json"):
             receiver._reject(f"unsupported Content-Type {ctype!r}")
@@ -612,6 +704,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             receiver._reject()
             self._answer(status, is_json, f"receiver configured to answer {status}")
+
+    def _metrics(self, body: bytes, ctype: str) -> None:
+        """OTLP/HTTP metrics: protobuf only (what the gateway sends)."""
+        receiver = self.server.receiver
+        encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
+        try:
+            raw = _decompress(body, encoding)
+            if ctype != "application/x-protobuf":
+                raise ValueError(f"unsupported Content-Type {ctype!r}")
+            req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(raw)
+        except Exception as exc:
+            receiver._reject(f"undecodable metrics body ({ctype}): {exc!r}")
+            self._answer(400, False, f"bad request: {exc}")
+            return
+        status = receiver._next_status()
+        if 200 <= status < 300:
+            receiver._accept_metrics(req)
+        else:
+            receiver._reject()
+        self._answer(status, False, f"receiver configured to answer {status}")
 
     def do_GET(self) -> None:
         self._answer(405, False, "POST only")
@@ -667,6 +779,26 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
             context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
         code = _HTTP_TO_GRPC.get(status, grpc.StatusCode.UNKNOWN)
         context.abort(code, f"receiver configured to answer {status}")
+        raise AssertionError("unreachable: abort() raises")
+
+
+class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: OTLPReceiver) -> None:
+        self.receiver = receiver
+
+    def Export(
+        self,
+        request: metrics_service_pb2.ExportMetricsServiceRequest,
+        context: grpc.ServicerContext,
+    ) -> metrics_service_pb2.ExportMetricsServiceResponse:
+        receiver = self.receiver
+        receiver._record({k.lower(): str(v) for k, v in context.invocation_metadata()})
+        status = receiver._next_status()
+        if 200 <= status < 300:
+            receiver._accept_metrics(request)
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+        receiver._reject()
+        context.abort(_HTTP_TO_GRPC.get(status, grpc.StatusCode.UNKNOWN), "configured")
         raise AssertionError("unreachable: abort() raises")
 
 

@@ -86,6 +86,10 @@ class Seen:
         return parse_qs(urlsplit(self.path).query).get("model", [""])[0]
 
 
+#: the id the test upstream gives every session (its ``session.created``)
+SESSION_ID = "sess_test_0001"
+
+
 class RealtimeUpstream:
     """A realtime backend on 127.0.0.1 (its own event loop, in a thread)."""
 
@@ -212,7 +216,9 @@ class RealtimeUpstream:
             conn.transport.pause_reading()
             self._stalled.append(conn.transport)
         try:
-            await conn.send(orjson.dumps({"type": "session.created", "session": {}}).decode())
+            await conn.send(
+                orjson.dumps({"type": "session.created", "session": {"id": SESSION_ID}}).decode()
+            )
             async for message in conn:
                 seen.received.append(message)
                 if await self._behave(conn, seen, model, message):

@@ -474,12 +474,18 @@ def test_protobuf_response_and_bad_requests(receiver: Callable[..., OTLPReceiver
     assert trace_service_pb2.ExportTraceServiceResponse.FromString(body).ByteSize() == 0
 
     assert post(otlp.traces_url, b"\xff\xff\xff not protobuf", "application/x-protobuf")[0] == 400
-    assert post(otlp.endpoint + "/v1/metrics", b"", "application/x-protobuf")[0] == 404
+    assert post(otlp.endpoint + "/v1/logs", b"", "application/x-protobuf")[0] == 404
+    # metrics are decoded too (an empty request is a valid one)
+    assert post(otlp.endpoint + "/v1/metrics", b"", "application/x-protobuf")[0] == 200
+    assert (
+        post(otlp.endpoint + "/v1/metrics", b"\xff\xff not protobuf", "application/x-protobuf")[0]
+        == 400
+    )
     assert post(otlp.traces_url, b"x", "text/plain")[0] == 415
-    assert otlp.export_requests == 4
-    assert otlp.rejected_requests == 3
-    assert len(otlp.errors) == 3
-    assert otlp.spans == []
+    assert otlp.export_requests == 6
+    assert otlp.rejected_requests == 4
+    assert len(otlp.errors) == 4
+    assert otlp.spans == [] and otlp.points == []
 
 
 # ---------------------------------------------------------------- waiting, filtering, clearing

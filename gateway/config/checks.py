@@ -5,6 +5,7 @@ route), each problem under its key path (docs/spec.md §4)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from gateway.config.accounts import AuthConfig, PriceConfig
 from gateway.config.agents import check_agents
@@ -182,6 +183,13 @@ def _check_tracing(tr: TracingConfig, err: KeyPathErrors) -> None:
     err.positive(tr, "tracing", "export_timeout_s", "shutdown_timeout_s")
     if tr.max_export_batch_size > tr.max_queue_size:
         err("tracing.max_export_batch_size", "must not exceed tracing.max_queue_size")
+    err.positive(tr, "tracing", "capture_max_bytes", "metrics_interval_s")
+    for i, pattern in enumerate(tr.redact):
+        try:
+            if re.compile(pattern).fullmatch(""):
+                err(f"tracing.redact[{i}]", "must not match the empty string")
+        except re.error as exc:
+            err(f"tracing.redact[{i}]", f"not a regular expression: {exc}")
 
 
 def _check_auth(a: AuthConfig, err: KeyPathErrors) -> None:

@@ -69,6 +69,7 @@ def build_config(
     """
     errors: list[str] = []
     apply_env(data, os.environ if env is None else env, errors)
+    _boolean_capture(data)
     cfg = build(Config, data, "", errors)
     if isinstance(cfg, Config):  # keys that failed to build took stand-ins: check the rest
         validate(cfg, errors)
@@ -87,6 +88,19 @@ def build_config(
     return dataclasses.replace(
         cfg, routes=routes, ui=ui, tracing=tracing, source=source, explicit=explicit
     )
+
+
+def _boolean_capture(data: dict[str, Any]) -> None:
+    """``tracing.capture_content = true | false`` (the key's first form) read as "full" and
+    "none" (docs/spec.md §4), in the file or a ``GATEWAY__TRACING__CAPTURE_CONTENT`` variable."""
+    tracing = data.get("tracing")
+    if not isinstance(tracing, dict) or "capture_content" not in tracing:
+        return
+    value = tracing["capture_content"]
+    if isinstance(value, str):  # a GATEWAY__TRACING__CAPTURE_CONTENT variable
+        value = {"true": True, "false": False}.get(value.strip().lower(), value)
+    if value is True or value is False:
+        tracing["capture_content"] = "full" if value else "none"
 
 
 def is_loopback(host: str) -> bool:

@@ -17,8 +17,23 @@ class TracingConfig:
     sample_ratio: float = 1.0
     service_name: str = "llm-gateway"
     trust_incoming: bool = True
-    #: put prompts and completions on spans (off: they never leave the process)
-    capture_content: bool = False
+    #: what of prompts and completions goes on spans (docs/spec.md §7): "none" (they never
+    #: leave the process), "metadata" (roles, part types, tool names and sizes: never text) or
+    #: "full" (the text, redacted and capped); ``true``/``false`` are read as "full"/"none"
+    capture_content: Literal["none", "metadata", "full"] = "none"
+    #: the most bytes of text one content attribute carries (the rest is cut, and the span says
+    #: so with ``gateway.content.truncated``)
+    capture_max_bytes: int = 16384
+    #: regular expressions whose matches are replaced by ``[REDACTED]`` in captured content
+    #: before it leaves the process (spans, the live view); compiled once at startup
+    redact: tuple[str, ...] = ()
+    #: the attribute names of model calls: the OpenTelemetry GenAI conventions, or those plus
+    #: OpenInference's (Arize Phoenix)
+    conventions: Literal["genai", "openinference"] = "genai"
+    #: export the GenAI client metrics (gen_ai.client.*) over OTLP beside the spans
+    metrics: bool = False
+    #: how often the GenAI client metrics are exported, in seconds
+    metrics_interval_s: float = 60.0
     #: export queue bounds: a dead collector costs dropped spans, never request time. Bigger
     #: batches than the SDK's 512: each export call costs ~0.7 ms of CPU however small it is
     max_queue_size: int = 8192

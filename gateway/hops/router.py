@@ -19,6 +19,7 @@ from gateway.context import Call, RequestContext
 from gateway.errors import Forbidden, InvalidRequest, NotFound
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
+from gateway.protocols.responses import conversation_id
 from gateway.routes import Route
 
 _MATCH_CACHE_MAX = 10_000
@@ -76,6 +77,8 @@ class Router:
             if notes:
                 call.policies = notes
                 call.body = orjson.dumps(payload)
+        if api.stateful:  # the Responses API: a conversation may be named (docs/spec.md §7)
+            ctx.conversation_id = conversation_id(payload)
         ctx.call = call
         ctx.timeline.routed = time.perf_counter()
         return call

@@ -42,8 +42,9 @@ requests have no ``realtime`` key. :func:`stats` leaves sessions out. An MCP req
 (docs/spec.md §23) has an ``mcp`` key: server, method, tool, status and session id; an A2A
 call (§30) an ``a2a`` key: agent, method, task id, task state and status.
 
-Prompts and completions are kept (truncated to :data:`CONTENT_LIMIT` characters) only when the
-buffer is made with ``capture=True`` (``tracing.capture_content``).
+Prompts and completions are kept (truncated to :data:`CONTENT_LIMIT` characters, after the
+``tracing.redact`` patterns ran over them) only when the buffer is made with the content policy
+of ``tracing.capture_content = "full"``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ import orjson
 
 from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext
+from gateway.telemetry.content import ContentPolicy
 from gateway.telemetry.spans import EdgeHop
 
 CONTENT_LIMIT = 4096
@@ -113,7 +115,9 @@ def _attempt_row(a: Attempt) -> _AttemptRow:
     return (a.backend.name, a.number, a.start, a.first_byte, a.end, a.status, kind, message)
 
 
-def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool) -> tuple[Any, ...]:
+def snapshot(
+    ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: ContentPolicy | None
+) -> tuple[Any, ...]:
     """The numbers of one finished request, as one flat tuple (cheap: no formatting).
 
     Only tuples, numbers and strings: such a tuple is untracked by the garbage collector once
@@ -154,7 +158,7 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         None if kind is None else (kind, error.message[:ERROR_MESSAGE_LIMIT] if error else ""),
         (answer.input_tokens, answer.output_tokens, cost(ctx)),  # docs/spec.md §20
         tuple(ctx.edge_marks.items()) if ctx.edge_marks else (),
-        _content(ctx) if capture else None,
+        _content(ctx, capture) if capture is not None else None,
         t.backoff,
         ctx.realtime,  # a session's facts: one small mapping made at its end, kept as is
         _mcp(ctx.mcp) if ctx.mcp is not None else None,
@@ -172,13 +176,18 @@ def _facts(facts: Mapping[str, Any], fields: tuple[str, ...]) -> tuple[Any, ...]
     return tuple(str(v) if v is not None else None for v in (facts.get(k) for k in fields))
 
 
-def _content(ctx: RequestContext) -> tuple[str | None, str | None]:
-    """Prompt and completion (only with ``tracing.capture_content``), truncated."""
+def _content(ctx: RequestContext, policy: ContentPolicy) -> tuple[str | None, str | None]:
+    """Prompt and completion (only with ``tracing.capture_content = "full"``), redacted, then
+    truncated (the patterns see a little past the cut, so a match across it is still found)."""
     payload = ctx.call.payload if ctx.call is not None else {}
     prompt = payload.get("messages", payload.get("prompt", payload.get("input")))
-    text = orjson.dumps(prompt).decode()[:CONTENT_LIMIT] if prompt is not None else None
+    text = None
+    if prompt is not None:
+        text = policy.redact(orjson.dumps(prompt).decode()[: CONTENT_LIMIT * 2])[:CONTENT_LIMIT]
     captured = ctx.answer.captured
-    completion = "".join(captured)[:CONTENT_LIMIT] if captured else None
+    completion = None
+    if captured:
+        completion = policy.redact("".join(captured)[: CONTENT_LIMIT * 2])[:CONTENT_LIMIT]
     return text, completion
 
 
@@ -473,7 +482,7 @@ class RecentRequests:
     It runs on the event loop (every sink does): no locks.
     """
 
-    def __init__(self, size: int, capture: bool = False) -> None:
+    def __init__(self, size: int, capture: ContentPolicy | None = None) -> None:
         self._buffer: deque[tuple[Any, ...]] = deque(maxlen=size)
         self._seq = itertools.count(1)
         self._capture = capture

@@ -166,6 +166,7 @@ class LiveView:
         self.prefix = config.ui.path
         self._auth_on = config.auth.mode != "off"
         self._slow_ms = config.logging.slow_ms
+        #: the mode shown beside the records: text is in them only with "full"
         self._capture = config.tracing.capture_content
         # shipped in the package (package-data): read once, served from memory
         self._assets = {sub: (_asset(file), ctype) for sub, (file, ctype) in _ASSETS.items()}
@@ -475,6 +476,15 @@ class RecordQuery:
         return self.status is None or status_matches(self.status, r)
 
 
+def failed(r: Mapping[str, Any]) -> bool:
+    """Whether a record reads as a failure: an error, or a status of 400 and above — but not an
+    MCP GET no server has a stream for (its 405 is the answer MCP gives, docs/spec.md §23)."""
+    if r["error"] is not None:
+        return True
+    mcp = r.get("mcp")
+    return r["status"] >= 400 and not (mcp is not None and mcp.get("status") == "no_stream")
+
+
 def status_matches(wanted: str, r: Mapping[str, Any]) -> bool:
     """Whether a record's status is what the ``status`` filter asks for.
 
@@ -482,10 +492,12 @@ def status_matches(wanted: str, r: Mapping[str, Any]) -> bool:
     True
     >>> status_matches("error", {"status": 200, "error": {"type": "upstream_stream_truncated"}})
     True
+    >>> status_matches("error", {"status": 405, "error": None, "mcp": {"status": "no_stream"}})
+    False
     """
     status: int = r["status"]
     if wanted == "error":
-        return status >= 400 or r["error"] is not None
+        return failed(r)
     if wanted.endswith("xx"):
         return status // 100 == int(wanted[0])
     return status == int(wanted)

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
+from gateway.context import Attempt
 from gateway.errors import GatewayError, UpstreamError
 from gateway.headers import header_value
 from gateway.hops.edge import read_body
@@ -42,6 +43,7 @@ from gateway.mcp.servers import McpUpstream
 from gateway.mcp.sessions import Session
 from gateway.streaming.relay import until_disconnect
 from gateway.streaming.sse import SSEParser, event_data
+from gateway.transports import UpstreamResponse
 
 log = logging.getLogger("gateway")
 
@@ -57,6 +59,7 @@ async def post(hub: Hub, call: McpRequest) -> None:
     ctx, facts, out = call.ctx, call.ctx.mcp, call.out
     cap = max((u.config.max_message_bytes for u in hub.upstreams.values()), default=1 << 20)
     msg = parse(await read_body(ctx, call.receive, cap))
+    hub.adopt(call, msg)
     method, rid = msg.get("method"), msg.get("id")
     facts["method"] = method if isinstance(method, str) else "response"
     facts["id"] = rid
@@ -260,7 +263,9 @@ _LIST_CHANGED = (
 
 async def stream(hub: Hub, call: McpRequest) -> None:
     """GET /mcp: the servers' notification streams, merged: their ``tools/list_changed``
-    notifications reach the client (its session is opened on every allowed server first)."""
+    notifications reach the client (its session is opened on every allowed server first).
+    When no server offers a stream the answer is the one a server gives: 405 (``no_stream``),
+    as on ``/mcp/{server}``."""
     ctx, out = call.ctx, call.out
     ctx.mcp["method"] = "stream"
     session = await _session(hub, call)
@@ -269,31 +274,42 @@ async def stream(hub: Hub, call: McpRequest) -> None:
         *(bounded(hub.upstreams[n], _open(hub, call, session, hub.upstreams[n])) for n in names),
         return_exceptions=True,
     )
-    queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=64)
-    follows = [
-        asyncio.ensure_future(_follow(hub, call, hub.upstreams[n], session, queue))
+    ups = [
+        hub.upstreams[n]
         for n, got in zip(names, opened, strict=True)
         if not isinstance(got, BaseException) and session.upstream[n][0]
     ]
+    asked = await asyncio.gather(
+        *(bounded(up, _stream_of(hub, call, up, session)) for up in ups), return_exceptions=True
+    )
+    streams = [got for got in asked if isinstance(got, tuple)]
+    if not streams:
+        await call.no_stream()
+        return
+    queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=64)
+    follows = [asyncio.ensure_future(_follow(a, r, queue)) for _, a, r in streams]
     headers = [(b"content-type", SSE), (b"cache-control", b"no-cache")]
     headers += [(b"mcp-session-id", session.id.encode()), (b"x-accel-buffering", b"no")]
-    await out.start(200, headers)
 
     async def relayed() -> None:
+        await out.start(200, headers)
         while True:
             await out.body(await queue.get(), more=True)
 
-    try:
+    try:  # the servers' streams end with the client's, whatever ends it
         await until_disconnect(ctx, call.receive, relayed())
     finally:
         for task in follows:
             task.cancel()
         await asyncio.gather(*follows, return_exceptions=True)
+    call.client_ended_stream()
 
 
-async def _follow(
-    hub: Hub, call: McpRequest, up: McpUpstream, session: Session, queue: asyncio.Queue[bytes]
-) -> None:
+async def _stream_of(
+    hub: Hub, call: McpRequest, up: McpUpstream, session: Session
+) -> tuple[McpUpstream, Attempt, UpstreamResponse] | None:
+    """A server's notification stream (its GET answered 200), or None: it offers none (405),
+    or it failed (logged)."""
     sid, version = session.upstream[up.name]
     headers = [("accept", "text/event-stream"), *_headers(up, sid, version)[2:]]
     span_id = hub.tracing.new_span_id()
@@ -302,10 +318,17 @@ async def _follow(
         resp = await send(call.ctx, up, attempt, "GET", headers, None, stream=True)
     except GatewayError as exc:
         log.warning("mcp: the notification stream of server %s failed: %s", up.name, exc.message)
-        return
+        return None
+    if resp.status == 200:
+        return up, attempt, resp
+    await read_json(call.ctx, up, attempt, resp)
+    if resp.status != 405:  # 405: the server offers no stream, as MCP allows
+        log.warning("mcp: server %s answered %d to its notification stream", up.name, resp.status)
+    return None
+
+
+async def _follow(attempt: Attempt, resp: UpstreamResponse, queue: asyncio.Queue[bytes]) -> None:
     try:
-        if resp.status != 200:
-            return
         parser = SSEParser()
         async for chunk in resp.aiter_raw():
             for event in parser.feed(chunk):

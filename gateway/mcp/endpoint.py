@@ -59,6 +59,7 @@ class McpGateway:
             try:
                 origins = up.config.allowed_origins if up is not None else hub.aggregate_origins
                 call = McpRequest(ctx, req.out, receive, hub.begin(ctx, origins))
+                call.note_revision()
                 if up is not None and not call.grant.server(up.name):
                     raise Forbidden(
                         f"this API key may not use the MCP server {up.name!r}",

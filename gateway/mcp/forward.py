@@ -44,6 +44,7 @@ async def post(hub: Hub, call: McpRequest, up: McpUpstream) -> None:
     ctx, facts = call.ctx, call.ctx.mcp
     body = await read_body(ctx, call.receive, up.config.max_message_bytes)
     msg = parse(body)
+    hub.adopt(call, msg)
     method, rid = msg.get("method"), msg.get("id")
     facts["method"] = method if isinstance(method, str) else "response"
     facts["id"] = rid
@@ -96,9 +97,14 @@ async def stream(hub: Hub, call: McpRequest, up: McpUpstream) -> None:
 
     async def relayed() -> None:
         resp = await send(ctx, up, attempt, "GET", headers, None, stream=True)
+        if resp.status == 405:  # the server offers no stream (MCP Streamable HTTP)
+            await read_json(ctx, up, attempt, resp)
+            await call.no_stream()
+            return
         await relay.answer(resp, session.id if session is not None else None)
 
     await until_disconnect(ctx, call.receive, relayed())
+    call.client_ended_stream()
 
 
 async def end(hub: Hub, call: McpRequest, up: McpUpstream) -> None:

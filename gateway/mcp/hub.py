@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -29,6 +30,11 @@ from gateway.types import RawHeaders, Receive
 from gateway.writer import ResponseWriter
 
 _TRACE_HEADERS = ("traceparent", "tracestate")
+#: an MCP protocol revision as the Mcp-Protocol-Version header names it (a date)
+_REVISION = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+#: the answer to a GET when no server offers a notification stream (MCP Streamable HTTP: a
+#: server that offers none answers 405), alike on /mcp and /mcp/{server}
+NO_STREAM_HEADERS = [(b"allow", b"POST, DELETE"), (b"content-type", b"application/json")]
 #: JSON-RPC: the body is no JSON / no request object
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND = -32700, -32600, -32601
 
@@ -56,6 +62,28 @@ class McpRequest:
     def header(self, name: bytes) -> str | None:
         value = header_value(self.headers, name)
         return value.decode("latin-1") if value is not None else None
+
+    def note_revision(self) -> None:
+        """``mcp.protocol.version``: the revision the client's ``Mcp-Protocol-Version`` names."""
+        value = self.header(b"mcp-protocol-version")
+        if value is not None and _REVISION.fullmatch(value):
+            self.ctx.mcp["protocol"] = value
+
+    async def no_stream(self) -> None:
+        """Answer a GET that no server has a notification stream for: 405, recorded as what
+        it is (``no_stream``), not as a failure (docs/spec.md §23)."""
+        self.ctx.mcp["status"] = "no_stream"
+        self.ctx.answer.expected = True
+        text = "no notification stream is offered here: the answers come on each POST"
+        await self.out.whole(405, NO_STREAM_HEADERS, rpc_error(None, -32000, text))
+
+    def client_ended_stream(self) -> None:
+        """The client closed its GET stream: how a notification stream ends (either side may
+        end it, MCP Streamable HTTP), so the request is no 499 and no cancellation."""
+        if self.ctx.disconnected and self.out.started:
+            self.ctx.disconnected = False
+            self.ctx.mcp["status"] = "ok"
+            self.ctx.mcp["ended_by"] = "client"
 
 
 def parse(body: bytes) -> dict[str, Any]:
@@ -187,6 +215,15 @@ class Hub:
         call.ctx.mcp["session"] = sid
         return session
 
+    def adopt(self, call: McpRequest, msg: dict[str, Any]) -> None:
+        """A message's ``params._meta.traceparent`` (W3C, validated) becomes the request's
+        parent, as the OpenTelemetry MCP conventions say an MCP server uses it; the HTTP
+        request's own parent stays as a span link (docs/spec.md §23)."""
+        params = msg.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if isinstance(meta, dict) and "traceparent" in meta:
+            self.tracing.adopt(call.ctx, meta.get("traceparent"), meta.get("tracestate"))
+
     def inject(self, call: McpRequest, msg: dict[str, Any], span_id: int) -> bytes:
         """The request with the gateway's trace context in ``params._meta`` (the MCP
         conventions of OpenTelemetry), so the tool server's spans join the trace."""
@@ -216,4 +253,4 @@ class Hub:
         await self.sessions.aclose()
 
 
-__all__ = ["Hub", "McpRequest", "Rejected", "kind", "parse"]
+__all__ = ["NO_STREAM_HEADERS", "Hub", "McpRequest", "Rejected", "kind", "parse"]

@@ -131,6 +131,15 @@ class Responses(Api):
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
+def conversation_id(payload: dict[str, Any]) -> str | None:
+    """The conversation a Responses call belongs to (``gen_ai.conversation.id``): its
+    ``conversation``, an id or an object with one (None: it names none)."""
+    value = payload.get("conversation")
+    if isinstance(value, dict):
+        value = value.get("id")
+    return value if isinstance(value, str) and 0 < len(value) <= 256 else None
+
+
 def _note_response(answer: Answer, response: dict[str, Any]) -> None:
     """id, model, usage and how it ended, from a Response object (JSON or in an event)."""
     if answer.response_id is None and isinstance(response.get("id"), str):

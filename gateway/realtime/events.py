@@ -168,7 +168,7 @@ OnDone = Callable[[ModelResponse], None]
 class SessionResponses:
     """The responses of one session, followed from the events both ways."""
 
-    __slots__ = ("_awaiting_delta", "_on_done", "_open", "_trigger", "count")
+    __slots__ = ("_awaiting_delta", "_on_done", "_open", "_trigger", "count", "session_id")
 
     def __init__(self, on_done: OnDone) -> None:
         self._on_done = on_done
@@ -179,6 +179,8 @@ class SessionResponses:
         #: when the next response was asked for (response.create read, or a VAD commit)
         self._trigger: float | None = None
         self.count = 0
+        #: the upstream's id of the session (its ``session.created``): the conversation's
+        self.session_id: str | None = None
 
     def client_message(self, message: bytes, read_at: float) -> None:
         """A client text message (UTF-8), once written upstream: a ``response.create`` starts
@@ -212,6 +214,11 @@ class SessionResponses:
             self.count += 1
         elif kind == "response.done":
             self._done(message, written_at)
+        elif kind == "session.created" and self.session_id is None:
+            session = _object(message).get("session")
+            sid = session.get("id") if isinstance(session, dict) else None
+            if isinstance(sid, str) and 0 < len(sid) <= 256:
+                self.session_id = sid
         elif kind == "input_audio_buffer.committed" and self._trigger is None:
             self._trigger = written_at  # server VAD: the turn the next response answers
         elif kind == "error" and not self._open:

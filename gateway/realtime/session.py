@@ -353,6 +353,7 @@ class Realtime:
         """Telemetry of one model response, when its ``response.done`` was written: tokens,
         cost (docs/spec.md §20), the ``tpm`` and budget debit, its span, the live view."""
         live.done.append(response)
+        ctx.conversation_id = live.responses.session_id  # gen_ai.conversation.id
         usage = _usage(response)
         if usage is not None:
             _add_usage(ctx.answer.tokens, usage)  # the session's totals: its span, log, record
@@ -393,6 +394,7 @@ class Realtime:
         self, ctx: RequestContext, facts: SessionFacts, end: End | None, live: OpenSession
     ) -> None:
         responses = live.responses
+        ctx.conversation_id = responses.session_id  # gen_ai.conversation.id
         t = ctx.timeline
         t.done = done = time.perf_counter()
         if end is not None:

@@ -284,6 +284,10 @@ def _context_attrs(ctx: RequestContext) -> list[bytes]:
         attrs.append(_s("gen_ai.usage.output_tokens", answer.output_tokens))
     if answer.tokens.cached_input:
         attrs.append(_s("gen_ai.usage.cache_read.input_tokens", answer.tokens.cached_input))
+    if answer.tokens.reasoning:
+        attrs.append(_s("gen_ai.usage.reasoning.output_tokens", answer.tokens.reasoning))
+    if ctx.conversation_id is not None:
+        attrs.append(_str("gen_ai.conversation.id", ctx.conversation_id))
     usd = cost(ctx)  # the sum of its responses' (docs/spec.md §20)
     if usd is not None:
         attrs.append(_f("gateway.cost_usd", usd))
@@ -319,6 +323,8 @@ def response_span(
     ]
     if response.id:
         attrs.append(_str("gen_ai.response.id", response.id))
+    if ctx.conversation_id is not None:
+        attrs.append(_str("gen_ai.conversation.id", ctx.conversation_id))
     ttft = response.ttft()
     if ttft is not None:
         attrs.append(_f("gateway.ttft_ms", _ms(ttft)))

@@ -36,6 +36,8 @@ class Telemetry:
         self.access_log = access_log
         self.metrics = metrics
         self._sinks: tuple[Sink, ...] = (metrics, *sinks) if metrics is not None else tuple(sinks)
+        if tracing.genai_metrics is not None:  # the GenAI client metrics over OTLP (§7)
+            self._sinks += (tracing.genai_metrics,)
         self._traced = tracing.enabled
         self._capture = tracing.capture_content
         #: the event loop's lag, for the metric and the root span (None: neither is on)

@@ -11,7 +11,7 @@ Field numbers (proto3): ExportTraceServiceRequest{1 resource_spans}; ResourceSpa
 2 scope_spans}; Resource{1 attributes}; ScopeSpans{1 scope, 2 spans}; InstrumentationScope{1
 name, 2 version}; Span{1 trace_id, 2 span_id, 3 trace_state, 4 parent_span_id, 5 name, 6 kind,
 7 start_time_unix_nano (fixed64), 8 end_time_unix_nano (fixed64), 9 attributes, 11 events,
-15 status, 16 flags (fixed32)}; Event{1 time_unix_nano (fixed64), 2 name, 3 attributes};
+13 links, 15 status, 16 flags (fixed32)}; Event{1 time_unix_nano (fixed64), 2 name, 3 attributes};
 Status{2 message, 3 code}; KeyValue{1 key, 2 value}; AnyValue{1 string, 2 bool, 3 int, 4 double,
 5 array}; ArrayValue{1 values}.
 """
@@ -237,6 +237,17 @@ def span_head(trace_id: bytes, trace_state: str = "") -> bytes:
     if trace_state:  # field 3 sorts after field 2: encoders may emit fields in any order
         head += _field(b"\x1a", trace_state.encode())
     return head + b"\x12\x08"
+
+
+def link(trace_id: bytes, span_id: bytes, trace_state: str = "", flags: int = 0) -> bytes:
+    """A ``Span.links`` entry (field 13): Link{1 trace_id, 2 span_id, 3 trace_state, 6 flags
+    (fixed32)}."""
+    body = _field(b"\x0a", trace_id) + _field(b"\x12", span_id)
+    if trace_state:
+        body += _field(b"\x1a", trace_state.encode())
+    if flags:
+        body += b"\x35" + _pack_i(flags)
+    return _field(b"\x6a", body)
 
 
 def parent_field(parent_span_id: bytes | None) -> bytes:

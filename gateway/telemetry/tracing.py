@@ -28,8 +28,16 @@ from gateway import __version__
 from gateway.config import TracingConfig
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.telemetry import otlp
-from gateway.telemetry.export import BatchExporter, SpanQueue, make_exporter
+from gateway.telemetry.content import ContentPolicy
+from gateway.telemetry.export import (
+    BatchExporter,
+    SpanQueue,
+    make_exporter,
+    make_metrics_exporter,
+)
+from gateway.telemetry.genai_metrics import GenAIMetrics
 from gateway.telemetry.spans import EdgeHop, build_framed
+from gateway.telemetry.spans.conventions import SpanStyle
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACE_ID_LIMIT = (1 << 64) - 1
@@ -52,6 +60,12 @@ def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
 
 
 _getrandbits = random.getrandbits
+#: W3C Trace Context §3.3: list members of printable ASCII, at most 512 characters in all
+_TRACESTATE = re.compile(r"[\x20-\x2b\x2d-\x7e]+(,[\x20-\x2b\x2d-\x7e]*)*")
+
+
+def _valid_state(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 512 and bool(_TRACESTATE.fullmatch(value))
 
 
 def _span_id() -> int:
@@ -147,13 +161,19 @@ class Tracing:
         self.cache_backend = cache_backend
         self.auth_mode = auth_mode
         self.enabled = cfg.exporter != "none"
-        self.capture_content = cfg.capture_content
+        #: what of prompts and completions goes on spans, and under which names (§7)
+        self.content = ContentPolicy.of(cfg)
+        self.capture_content = self.content.capturing
+        self.style = SpanStyle(self.content, cfg.conventions == "openinference")
         self._bound = TraceIdRatioBased.get_bound_for_rate(cfg.sample_ratio)
         self._trust = cfg.trust_incoming
         self.queue: SpanQueue | None = None
+        #: the GenAI client metrics over OTLP (``metrics = true``, docs/spec.md §7)
+        self.genai_metrics: GenAIMetrics | None = None
         if not self.enabled:
             return
-        encoder = otlp.RequestEncoder(resource_attributes(cfg), SCOPE_NAME, __version__)
+        resource = resource_attributes(cfg)
+        encoder = otlp.RequestEncoder(resource, SCOPE_NAME, __version__)
         if exporter is None:
             exporter = make_exporter(cfg, environ)  # ExportConfigError: a startup error
         self.queue = SpanQueue(
@@ -163,6 +183,11 @@ class Tracing:
             max_batch=cfg.max_export_batch_size,
             schedule_delay_s=cfg.schedule_delay_ms / 1000,
         )
+        if cfg.metrics and cfg.exporter == "otlp":
+            metrics_exporter = make_metrics_exporter(cfg, environ)
+            self.genai_metrics = GenAIMetrics(metrics_exporter, resource, cfg.metrics_interval_s)
+        elif cfg.metrics:
+            log.warning("tracing.metrics: the GenAI metrics go over OTLP only (exporter = otlp)")
 
     # ------------------------------------------------------------ per request
 
@@ -190,6 +215,32 @@ class Tracing:
             sampled = self.sample(trace_id)
             state = ""
         ctx.trace = TraceContext(trace_id, _span_id(), parent_id, sampled and self.enabled, state)
+
+    def adopt(self, ctx: RequestContext, traceparent: Any, tracestate: Any) -> bool:
+        """Make a W3C ``traceparent`` carried inside the request (an MCP message's
+        ``params._meta``, docs/spec.md §23) the root's parent, as a header's would be: the same
+        trust and the same ParentBased sampling. The request's own context (an incoming
+        header's parent) is kept as a span link. False (nothing changes) when tracing is off,
+        incoming contexts are not trusted, or the value is no valid traceparent."""
+        old = ctx.trace
+        if old is None or not self.enabled or not self._trust or not isinstance(traceparent, str):
+            return False
+        if len(traceparent) > 128 or not traceparent.isascii():
+            return False
+        parent = parse_traceparent(traceparent.encode())
+        if parent is None:
+            return False
+        trace_id, parent_id, parent_sampled = parent
+        state = tracestate if _valid_state(tracestate) else ""
+        sampled = parent_sampled if self._parent_based else self.sample(trace_id)
+        trace = TraceContext(trace_id, old.root_span_id, parent_id, sampled, state)
+        if old.parent_span_id is not None and (old.trace_id, old.parent_span_id) != (
+            trace_id,
+            parent_id,
+        ):
+            trace.link = (old.trace_id, old.parent_span_id, old.trace_state)
+        ctx.trace = trace
+        return True
 
     def sample(self, trace_id: int) -> bool:
         """The root decision of TraceIdRatioBased: the low 64 bits against the SDK's bound."""
@@ -252,7 +303,13 @@ class Tracing:
         if trace is None or not trace.sampled or self.queue is None:
             return
         block, count = build_framed(
-            ctx, trace, edge_hops, self.edge_hop_count, self.cache_backend, self.auth_mode
+            ctx,
+            trace,
+            edge_hops,
+            self.edge_hop_count,
+            self.cache_backend,
+            self.auth_mode,
+            self.style,
         )
         self.queue.put_framed(block, count)
 
@@ -272,3 +329,5 @@ class Tracing:
     def shutdown(self) -> None:
         if self.queue is not None:
             self.queue.shutdown(self.cfg.shutdown_timeout_s)
+        if self.genai_metrics is not None:
+            self.genai_metrics.shutdown(self.cfg.shutdown_timeout_s)

@@ -17,6 +17,7 @@ from gateway.context import Attempt, Call, RequestContext, Timeline
 from gateway.errors import UpstreamError
 from gateway.live.recent import RecentRequests, format_record, percentiles, snapshot, stats
 from gateway.routes import Backend, Route
+from gateway.telemetry.content import ContentPolicy
 from gateway.telemetry.server_timing import edge_intervals
 
 BACKEND = Backend(BackendConfig(name="b", url="http://127.0.0.1:9/v1"), None)
@@ -67,7 +68,7 @@ def context(
     return ctx
 
 
-def record(ctx: RequestContext, capture: bool = False) -> dict:
+def record(ctx: RequestContext, capture: ContentPolicy | None = None) -> dict:
     return format_record(snapshot(ctx, edge_intervals(ctx), 1, capture))
 
 
@@ -236,9 +237,18 @@ def test_prompts_and_completions_only_with_capture_content():
     plain = record(ctx)
     assert "input" not in plain and "output" not in plain
     assert b"secret" not in orjson.dumps(plain)
-    captured = record(ctx, capture=True)
+    captured = record(ctx, capture=ContentPolicy("full"))
     assert "the secret prompt" in captured["input"]
     assert captured["output"] == "the secret answer"
+
+
+def test_the_live_view_shows_content_redacted():
+    ctx = context(prompt="my key is sk-abc123 and more")
+    ctx.answer.captured = ["your key sk-", "zz9 is safe"]
+    policy = ContentPolicy("full", redact=[r"sk-[a-z0-9]+"])
+    captured = record(ctx, capture=policy)
+    assert "sk-abc123" not in captured["input"] and "[REDACTED]" in captured["input"]
+    assert captured["output"] == "your key [REDACTED] is safe"  # matched across two pieces
 
 
 def session_facts(**kw: object) -> dict:

@@ -22,7 +22,7 @@ from tests.otlp_receiver import OTLPReceiver
 from tests.realtime.test_handshake import run, ws_url
 from tests.realtime.test_message_relay import CREATE
 from tests.realtime.test_session import sdk_turn
-from tests.realtime_support import VAD_PAUSE_S
+from tests.realtime_support import SESSION_ID, VAD_PAUSE_S
 from tests.support import config_for
 
 
@@ -61,6 +61,7 @@ def test_one_trace_per_session_with_a_span_per_response(gateway, realtime_upstre
     assert a["gateway.realtime.close_code"] == 1000
     assert a["gateway.realtime.responses"] == 2
     assert a["gen_ai.usage.input_tokens"] == 20 and a["gen_ai.usage.output_tokens"] == 10
+    assert a["gen_ai.conversation.id"] == SESSION_ID  # the upstream's session.created
     names = [s.name for s in trace]
     assert {"hop intake", "hop auth", "hop router"} <= set(names)
     (attempt,) = [s for s in trace if s.kind == "CLIENT"]
@@ -77,6 +78,7 @@ def test_one_trace_per_session_with_a_span_per_response(gateway, realtime_upstre
         assert r.parent_span_id == root.span_id
         assert r.attributes["gen_ai.operation.name"] == "realtime"
         assert r.attributes["gen_ai.response.id"].startswith("resp_")
+        assert r.attributes["gen_ai.conversation.id"] == SESSION_ID
         assert r.attributes["gen_ai.usage.input_tokens"] == 10
         assert r.attributes["gen_ai.usage.cache_read.input_tokens"] == 4
         assert r.attributes["gen_ai.usage.output_tokens"] == 5

@@ -274,8 +274,15 @@
     };
   }
 
+  // a failure: an error, or a status of 400 and above, but not an MCP GET no server has a
+  // stream for (its 405 is MCP's answer, docs/spec.md §23)
+  function failed(r) {
+    if (r.error) return true;
+    return r.status >= 400 && !(r.mcp && r.mcp.status === "no_stream");
+  }
+
   function statusMatches(wanted, r) {
-    if (wanted === "error") return r.status >= 400 || r.error !== null;
+    if (wanted === "error") return failed(r);
     if (wanted.endsWith("xx")) return Math.floor(r.status / 100) === Number(wanted[0]);
     return r.status === Number(wanted);
   }
@@ -356,7 +363,7 @@
     d.requestMs = rec.request_ms;
     d.totalMs = rec.total_ms;
     d.edgeMs = rec.edge_ms;
-    if (rec.status >= 400 || rec.error) tr.classList.add("err");
+    if (failed(rec)) tr.classList.add("err");
     if (state.selected === rec.seq) tr.classList.add("selected");
     if (rec._fresh) {
       tr.classList.add("fresh");

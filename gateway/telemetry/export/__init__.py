@@ -41,6 +41,8 @@ from gateway.telemetry.export.settings import (
     DEFAULT_GRPC_ENDPOINT,
     DEFAULT_HTTP_ENDPOINT,
     GRPC_METHOD,
+    METRICS_GRPC_METHOD,
+    METRICS_PATH,
     TRACES_PATH,
     USER_AGENT,
     BatchExporter,
@@ -57,6 +59,8 @@ __all__ = [
     "DEFAULT_GRPC_ENDPOINT",
     "DEFAULT_HTTP_ENDPOINT",
     "GRPC_METHOD",
+    "METRICS_GRPC_METHOD",
+    "METRICS_PATH",
     "RETRYABLE_HTTP",
     "TRACES_PATH",
     "USER_AGENT",
@@ -74,6 +78,7 @@ __all__ = [
     "grpc_target",
     "import_grpc",
     "make_exporter",
+    "make_metrics_exporter",
     "parse_headers",
     "resolve_settings",
 ]
@@ -92,3 +97,13 @@ def make_exporter(cfg: TracingConfig, env: Mapping[str, str] | None = None) -> B
     if settings.protocol == "grpc":
         return GRPCExporter(settings)
     return HTTPExporter(settings)
+
+
+def make_metrics_exporter(cfg: TracingConfig, env: Mapping[str, str]) -> BatchExporter:
+    """The OTLP exporter of the GenAI client metrics (``[tracing] metrics = true``): the spans'
+    settings and retry, with the ``OTEL_EXPORTER_OTLP_METRICS_*`` variables and the metrics
+    path (``/v1/metrics``) or method (``MetricsService/Export``)."""
+    settings = resolve_settings(cfg, env, "metrics")
+    if settings.protocol == "grpc":
+        return GRPCExporter(settings, method=METRICS_GRPC_METHOD, what="metric")
+    return HTTPExporter(settings, what="metric")

@@ -62,12 +62,20 @@ class GRPCExporter(_RetryingExporter):
     protocol = "grpc"
 
     def __init__(
-        self, settings: OTLPSettings, *, backoff_s: float = 1.0, max_backoff_s: float = 32.0
+        self,
+        settings: OTLPSettings,
+        *,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 32.0,
+        method: str = GRPC_METHOD,
+        what: str = "span",
     ) -> None:
         grpc = import_grpc()
         target, secure = grpc_target(settings)
         self.endpoint = f"{'https' if secure else 'http'}://{target}"
-        super().__init__(settings, backoff_s, max_backoff_s)
+        super().__init__(settings, backoff_s, max_backoff_s, what)
+        #: the unary method: TraceService/Export, or MetricsService/Export
+        self._method = method
         self._grpc = grpc
         self._target = target
         self._options = [
@@ -110,7 +118,7 @@ class GRPCExporter(_RetryingExporter):
         with self._lock:
             old, self._channel = self._channel, channel
             # no serializers: grpc sends the bytes as the message, hands back the reply's bytes
-            self._export = channel.unary_unary(GRPC_METHOD)
+            self._export = channel.unary_unary(self._method)
         if old is not None:
             old.close()
         if self._closed.is_set():

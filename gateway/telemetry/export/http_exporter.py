@@ -65,7 +65,12 @@ class HTTPExporter(_RetryingExporter):
     protocol = "http/protobuf"
 
     def __init__(
-        self, settings: OTLPSettings, *, backoff_s: float = 1.0, max_backoff_s: float = 32.0
+        self,
+        settings: OTLPSettings,
+        *,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 32.0,
+        what: str = "span",
     ) -> None:
         parts = urlsplit(settings.endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -73,7 +78,7 @@ class HTTPExporter(_RetryingExporter):
                 f"OTLP/HTTP endpoint must be an http(s) URL, got {display_url(settings.endpoint)!r}"
             )
         self.endpoint = display_url(settings.endpoint)
-        super().__init__(settings, backoff_s, max_backoff_s)
+        super().__init__(settings, backoff_s, max_backoff_s, what)
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

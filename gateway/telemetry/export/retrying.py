@@ -28,8 +28,11 @@ class FailureLog:
         endpoint: str,
         interval_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        what: str = "span",
     ) -> None:
         self._endpoint = endpoint
+        #: what is exported, in the lines: "span" or "metric"
+        self._what = what
         self._interval = interval_s
         self._clock = clock
         self._failing = False
@@ -48,20 +51,24 @@ class FailureLog:
         if not self._failing:
             self._failing = True
             log.warning(
-                "span export to %s failed: %s; %d spans dropped (further failures are "
+                "%s export to %s failed: %s; %d %ss dropped (further failures are "
                 "reported at most every %g s)",
+                self._what,
                 self._endpoint,
                 reason,
                 spans,
+                self._what,
                 self._interval,
             )
         elif now - self._last_report >= self._interval:
             log.warning(
-                "span export to %s still failing: %d batches (%d spans) dropped in the last "
+                "%s export to %s still failing: %d batches (%d %ss) dropped in the last "
                 "%.0f s; last error: %s",
+                self._what,
                 self._endpoint,
                 self._batches,
                 self._spans,
+                self._what,
                 now - self._last_report,
                 reason,
             )
@@ -74,10 +81,12 @@ class FailureLog:
         if self._failing:
             self._failing = False
             log.info(
-                "span export to %s recovered (%d batches, %d spans dropped since the last report)",
+                "%s export to %s recovered (%d batches, %d %ss dropped since the last report)",
+                self._what,
                 self._endpoint,
                 self._batches,
                 self._spans,
+                self._what,
             )
             self._batches = self._spans = 0
 
@@ -101,12 +110,14 @@ class _RetryingExporter:
     endpoint: str
     protocol: str
 
-    def __init__(self, settings: OTLPSettings, backoff_s: float, max_backoff_s: float) -> None:
+    def __init__(
+        self, settings: OTLPSettings, backoff_s: float, max_backoff_s: float, what: str = "span"
+    ) -> None:
         self._timeout = settings.timeout_s
         self._backoff = backoff_s
         self._max_backoff = max_backoff_s
         self._closed = threading.Event()
-        self._log = FailureLog(self.endpoint)
+        self._log = FailureLog(self.endpoint, what=what)
 
     def _attempt(self, data: bytes, timeout_s: float) -> Outcome:
         raise NotImplementedError

@@ -21,6 +21,10 @@ log = logging.getLogger("gateway.tracing")
 #: OTLP/HTTP traces path, appended to a base endpoint (OTEL_EXPORTER_OTLP_ENDPOINT, the config)
 TRACES_PATH = "/v1/traces"
 GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+#: the same for the GenAI client metrics (docs/spec.md §7)
+METRICS_PATH = "/v1/metrics"
+METRICS_GRPC_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+Signal = Literal["traces", "metrics"]
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318" + TRACES_PATH
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 USER_AGENT = f"llm-gateway/{__version__}"
@@ -74,9 +78,10 @@ class OTLPSettings:
     insecure: bool = False
 
 
-def _env_var(env: Mapping[str, str], key: str) -> tuple[str, str] | None:
-    """``OTEL_EXPORTER_OTLP_TRACES_<key>`` else ``OTEL_EXPORTER_OTLP_<key>``: (name, value)."""
-    for name in (f"OTEL_EXPORTER_OTLP_TRACES_{key}", f"OTEL_EXPORTER_OTLP_{key}"):
+def _env_var(env: Mapping[str, str], key: str, signal: Signal = "traces") -> tuple[str, str] | None:
+    """``OTEL_EXPORTER_OTLP_TRACES_<key>`` (``_METRICS_`` for metrics) else
+    ``OTEL_EXPORTER_OTLP_<key>``: (name, value)."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_{key}", f"OTEL_EXPORTER_OTLP_{key}"):
         value = env.get(name, "").strip()
         if value:
             return name, value
@@ -130,32 +135,39 @@ def _file(name: str, path: str) -> str:
     return path
 
 
-def _http_endpoint(cfg: TracingConfig, env: Mapping[str, str]) -> str:
+def _http_endpoint(cfg: TracingConfig, env: Mapping[str, str], signal: Signal = "traces") -> str:
+    path = TRACES_PATH if signal == "traces" else METRICS_PATH
     if cfg.endpoint is not None:
         # like Jaeger's docs, the config names the collector's base URL (...:4318); a URL with
-        # a path is used as is
-        if urlsplit(cfg.endpoint).path in ("", "/"):
-            return cfg.endpoint.rstrip("/") + TRACES_PATH
+        # a path is used as is (for traces; the metrics go to the same base's /v1/metrics)
+        parts = urlsplit(cfg.endpoint)
+        if parts.path in ("", "/"):
+            return cfg.endpoint.rstrip("/") + path
+        if signal == "metrics":
+            return urlunsplit((parts.scheme, parts.netloc, METRICS_PATH, "", ""))
         return cfg.endpoint
-    traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    if traces:
-        return traces  # the per-signal URL is used as is (OTel spec)
+    own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+    if own:
+        return own  # the per-signal URL is used as is (OTel spec)
     base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
     if base:
-        return base.rstrip("/") + TRACES_PATH
-    return DEFAULT_HTTP_ENDPOINT
+        return base.rstrip("/") + path
+    return "http://localhost:4318" + path
 
 
-def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings:
+def resolve_settings(
+    cfg: TracingConfig, env: Mapping[str, str], signal: Signal = "traces"
+) -> OTLPSettings:
     """The exporter's settings: an explicit config key wins, else ``OTEL_*``, else the default.
 
     A config key counts as explicit when the file (or ``GATEWAY__TRACING__*``) wrote it, even
     with its default value (docs/spec.md §7). Unparsable
     numbers and unknown enum values in ``OTEL_*`` are warned about and ignored (OTel spec);
-    files that cannot be read are an :class:`ExportConfigError`.
+    files that cannot be read are an :class:`ExportConfigError`. ``signal``: whose per-signal
+    variables (``OTEL_EXPORTER_OTLP_TRACES_*`` or ``_METRICS_*``) and path apply.
     """
     protocol: Protocol_ = cfg.protocol
-    if not cfg.is_explicit("protocol") and (got := _env_var(env, "PROTOCOL")) is not None:
+    if not cfg.is_explicit("protocol") and (got := _env_var(env, "PROTOCOL", signal)) is not None:
         name, value = got
         if value in ("http/protobuf", "grpc"):
             protocol = value  # type: ignore[assignment]  # checked just above
@@ -166,28 +178,31 @@ def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings
 
     if protocol == "grpc":
         endpoint = cfg.endpoint or (
-            env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+            env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
             or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
             or DEFAULT_GRPC_ENDPOINT
         )
     else:
-        endpoint = _http_endpoint(cfg, env)
+        endpoint = _http_endpoint(cfg, env, signal)
 
     timeout = cfg.export_timeout_s
-    if not cfg.is_explicit("export_timeout_s") and (got := _env_var(env, "TIMEOUT")) is not None:
+    if (
+        not cfg.is_explicit("export_timeout_s")
+        and (got := _env_var(env, "TIMEOUT", signal)) is not None
+    ):
         timeout = _parse_timeout(*got) or timeout
 
     headers: tuple[tuple[str, str], ...] = ()
-    if (got := _env_var(env, "HEADERS")) is not None:
+    if (got := _env_var(env, "HEADERS", signal)) is not None:
         headers = parse_headers(got[1], got[0])
 
-    compression = _compression(env)
+    compression = _compression(env, signal)
     certificate = None
-    if (got := _env_var(env, "CERTIFICATE")) is not None:
+    if (got := _env_var(env, "CERTIFICATE", signal)) is not None:
         certificate = _file(*got)
-    key, cert = _client_pair(env)
+    key, cert = _client_pair(env, signal)
     insecure = False
-    if (got := _env_var(env, "INSECURE")) is not None:
+    if (got := _env_var(env, "INSECURE", signal)) is not None:
         insecure = got[1].lower() == "true"
     return OTLPSettings(
         protocol=protocol,
@@ -202,8 +217,8 @@ def resolve_settings(cfg: TracingConfig, env: Mapping[str, str]) -> OTLPSettings
     )
 
 
-def _compression(env: Mapping[str, str]) -> Literal["gzip", "none"]:
-    if (got := _env_var(env, "COMPRESSION")) is not None:
+def _compression(env: Mapping[str, str], signal: Signal) -> Literal["gzip", "none"]:
+    if (got := _env_var(env, "COMPRESSION", signal)) is not None:
         name, value = got
         if value.lower() == "gzip":
             return "gzip"
@@ -213,11 +228,11 @@ def _compression(env: Mapping[str, str]) -> Literal["gzip", "none"]:
 
 
 def _client_pair(
-    env: Mapping[str, str],
+    env: Mapping[str, str], signal: Signal
 ) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
     """The mutual-TLS key and certificate variables: both or neither."""
-    key = _env_var(env, "CLIENT_KEY")
-    cert = _env_var(env, "CLIENT_CERTIFICATE")
+    key = _env_var(env, "CLIENT_KEY", signal)
+    cert = _env_var(env, "CLIENT_CERTIFICATE", signal)
     if (key is None) != (cert is None):
         have = (key or cert or ("", ""))[0]
         raise ExportConfigError(

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.telemetry import otlp
+from gateway.telemetry.spans.conventions import (
+    GENAI,
+    SpanStyle,
+    content_attrs,
+    llm_attrs,
+    root_attrs,
+    tool_attrs,
+)
 from gateway.telemetry.spans.route_names import route_template
 from gateway.telemetry.spans.tree import (
     _AUTH,
@@ -59,13 +64,15 @@ def build_spans(
     hop_base: int,
     cache_backend: str = "memory",
     auth_mode: str = "off",
+    style: SpanStyle = GENAI,
 ) -> list[bytes]:
     """The encoded span tree of one finished request.
 
     Runs for every sampled request, so the common spans (intake, auth, router) are written
     inline here: one ``bytes.join`` each from memoised parts, the times packed by one struct
-    call; the rarer ones have their own builders."""
-    tree = _Tree(ctx, trace)
+    call; the rarer ones have their own builders. ``style``: the naming conventions and the
+    content policy (docs/spec.md §7)."""
+    tree = _Tree(ctx, trace, style)
     head, under_root, wall, received = tree.head, tree.under_root, tree.wall, tree.received
     t = ctx.timeline
     spans = [_edge_span(tree, *hop) for hop in edge_hops] if edge_hops else []
@@ -184,10 +191,8 @@ def _cache_span(
 def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     """One CLIENT span per upstream attempt, GenAI semantic conventions (v1.41 names)."""
     ctx = tree.ctx
-    if ctx.mcp is not None:
-        return _mcp_span(tree, attempt, ctx.mcp)
-    if ctx.a2a is not None:
-        return _a2a_span(tree, attempt, ctx.a2a)
+    if ctx.mcp is not None or ctx.a2a is not None:  # an MCP exchange, an A2A call
+        return _exchange_span(tree, attempt)
     call = ctx.call
     b = attempt.backend
     model = ctx.model or ""
@@ -209,6 +214,8 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     attrs = [_GROUPS.get(key) or _client_group(key)]
     if attempt.affinity is not None or attempt.load is not None:
         _fleet_attrs(attempt, attrs)
+    if tree.style.openinference:
+        attrs.extend(llm_attrs(ctx, attempt, last))
     status = otlp.STATUS_UNSET
     message = ""
     if attempt.status is not None and attempt.status >= 500:
@@ -218,7 +225,7 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
         message = attempt.error.message
         attrs.append(_s("error.type", attempt.error.code or attempt.error.type))
     if last:
-        attrs.extend(_answer_attrs(ctx, attempt, tree.usage))
+        attrs.extend(_answer_attrs(tree, attempt))
         error = ctx.answer.error
         if error is not None and ctx.timeline.client_first_byte is not None:
             status = otlp.STATUS_ERROR  # the stream broke after the answer started
@@ -242,6 +249,14 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     )
 
 
+def _exchange_span(tree: _Tree, attempt: Attempt) -> bytes:
+    """The CLIENT span of an MCP exchange or an A2A call."""
+    ctx = tree.ctx
+    if ctx.mcp is not None:
+        return _mcp_span(tree, attempt, ctx.mcp)
+    return _a2a_span(tree, attempt, ctx.a2a or {})
+
+
 def _mcp_attrs(mcp: dict[str, Any]) -> list[bytes]:
     """An MCP request's attributes (OpenTelemetry MCP and GenAI conventions; docs/spec.md §23)."""
     attrs = [_s("mcp.method.name", mcp.get("method") or "unknown")]
@@ -253,9 +268,22 @@ def _mcp_attrs(mcp: dict[str, Any]) -> list[bytes]:
     if mcp.get("tool"):
         attrs.append(_s("gen_ai.tool.name", mcp["tool"]))
         attrs.append(_s("gen_ai.operation.name", "execute_tool"))
-    if mcp.get("status") not in (None, "ok"):
-        attrs.append(_s("error.type", mcp.get("error") or mcp["status"]))
+    version = mcp.get("protocol")
+    if isinstance(version, str) and version:
+        attrs.append(_s("mcp.protocol.version", version))
+    attrs.append(_MCP_TRANSPORT)
+    status = mcp.get("status")
+    if status not in _MCP_FINE:
+        attrs.append(_s("error.type", mcp.get("error") or status))
+        if status == "error":  # the JSON-RPC error's code (MCP conventions)
+            attrs.append(_s("rpc.response.status_code", str(mcp.get("error"))))
     return attrs
+
+
+#: MCP statuses that are no failure: an answer, and a GET stream the server does not offer
+_MCP_FINE = (None, "ok", "no_stream")
+#: Streamable HTTP: HTTP over TCP (MCP conventions: network.protocol.name, network.transport)
+_MCP_TRANSPORT = _s("network.protocol.name", "http") + _s("network.transport", "tcp")
 
 
 def _mcp_span(tree: _Tree, attempt: Attempt, mcp: dict[str, Any]) -> bytes:
@@ -267,10 +295,13 @@ def _mcp_span(tree: _Tree, attempt: Attempt, mcp: dict[str, Any]) -> bytes:
     own = method != mcp.get("method")
     attrs = _mcp_attrs({**mcp, "method": method, "tool": None} if own else mcp)
     attrs.append(_s("server.address", b.host))
+    attrs.append(_s("server.port", b.port))
     attrs.append(_s("gateway.backend", b.name))
     if attempt.status is not None:
         attrs.append(_s("http.response.status_code", attempt.status))
-    failed = attempt.error is not None or (not own and mcp.get("status") not in (None, "ok"))
+    if tree.style.openinference:
+        attrs.extend(tool_attrs(mcp, own))
+    failed = attempt.error is not None or (not own and mcp.get("status") not in _MCP_FINE)
     status = otlp.STATUS_ERROR if failed else otlp.STATUS_UNSET
     message = attempt.error.message if attempt.error is not None else ""
     tool = None if own else mcp.get("tool")
@@ -348,8 +379,11 @@ def _fleet_attrs(attempt: Attempt, attrs: list[bytes]) -> None:
             attrs.append(_f("gateway.backend.kv_cache_usage", attempt.load[1]))
 
 
-def _answer_attrs(ctx: RequestContext, attempt: Attempt, usage: bytes) -> list[bytes]:
-    """What the answering attempt got back: model, id, finish reasons, first chunk, usage."""
+def _answer_attrs(tree: _Tree, attempt: Attempt) -> list[bytes]:
+    """What the answering attempt got back: model, id, finish reasons, first chunk, usage and
+    cost, and the content when ``capture_content`` is on."""
+    ctx = tree.ctx
+    usage = tree.usage
     answer = ctx.answer
     attrs = []
     if answer.response_model:
@@ -363,8 +397,9 @@ def _answer_attrs(ctx: RequestContext, attempt: Attempt, usage: bytes) -> list[b
         attrs.append(_f("gen_ai.response.time_to_first_chunk", round(first - attempt.start, 6)))
     if usage:
         attrs.append(usage)
-    if answer.captured is not None:
-        attrs.extend(_content_attrs(ctx))
+    content = tree.style.content
+    if answer.captured is not None and content.capturing:
+        attrs.extend(content_attrs(ctx, content))
     return attrs
 
 
@@ -388,14 +423,7 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
             status = otlp.STATUS_ERROR
     if ctx.disconnected:
         attrs.append(_s("gateway.client_disconnected", True))
-    if ctx.mcp is not None or ctx.a2a is not None:  # an MCP request, an A2A call
-        attrs.extend(_mcp_attrs(ctx.mcp) if ctx.mcp is not None else _a2a_attrs(ctx.a2a or {}))
-    if ctx.upload_bytes is not None:  # a streamed upload or download (docs/spec.md §24)
-        attrs.append(_s("http.request.body.size", ctx.upload_bytes))
-    if ctx.download_bytes is not None:
-        attrs.append(_s("http.response.body.size", ctx.download_bytes))
-    if ctx.object_call is not None:  # files.create, batches.retrieve, … (docs/spec.md §24)
-        attrs.append(_s("gateway.object.operation", ctx.object_call[1]))
+    _rarer_root_attrs(tree, trace, attrs)
     parent_id = trace.parent_span_id
     if parent_id:
         flags = _FLAGS | otlp.FLAG_IS_REMOTE
@@ -422,6 +450,32 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
             tail,
         )
     )
+
+
+def _rarer_root_attrs(tree: _Tree, trace: TraceContext, attrs: list[bytes]) -> None:
+    """What only some roots carry: an MCP request's or an A2A call's facts, OpenInference's kind,
+    a link, a stateful call's bytes and operation."""
+    ctx = tree.ctx
+    if ctx.mcp is not None or ctx.a2a is not None:  # an MCP request, an A2A call
+        attrs.extend(_mcp_attrs(ctx.mcp) if ctx.mcp is not None else _a2a_attrs(ctx.a2a or {}))
+    if tree.style.openinference:
+        attrs.extend(root_attrs(ctx))
+    if trace.link is not None:  # the request's other context (docs/spec.md §23)
+        link_trace, link_span, link_state = trace.link
+        attrs.append(
+            otlp.link(
+                link_trace.to_bytes(16, "big"),
+                link_span.to_bytes(8, "big"),
+                link_state,
+                _FLAGS | otlp.FLAG_IS_REMOTE,
+            )
+        )
+    if ctx.upload_bytes is not None:  # a streamed upload or download (docs/spec.md §24)
+        attrs.append(_s("http.request.body.size", ctx.upload_bytes))
+    if ctx.download_bytes is not None:
+        attrs.append(_s("http.response.body.size", ctx.download_bytes))
+    if ctx.object_call is not None:  # files.create, batches.retrieve, … (docs/spec.md §24)
+        attrs.append(_s("gateway.object.operation", ctx.object_call[1]))
 
 
 def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
@@ -470,23 +524,8 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
     first = ctx.timeline.first_content
     if first is not None:  # ctx.ttft()
         attrs.append(_f("gateway.ttft_ms", _ms(first - tree.received)))
-    if tree.usage:
+    if tree.usage:  # usage and cost (docs/spec.md §20: from the same usage record)
         attrs.append(tree.usage)
-    usd = cost(ctx)  # docs/spec.md §20: from the same usage record
-    if usd is not None:
-        attrs.append(_f("gateway.cost_usd", usd))
     if ctx.edge_marks:
         attrs.append(_a("gateway.edge.discarded", [f"{k}:{v}" for k, v in ctx.edge_marks.items()]))
     return attrs
-
-
-def _content_attrs(ctx: RequestContext) -> list[bytes]:
-    """Prompts and completions, only with ``tracing.capture_content = true`` (docs/spec.md §7)."""
-    out = []
-    payload = ctx.call.payload if ctx.call is not None else {}
-    prompt = payload.get("messages", payload.get("prompt", payload.get("input")))
-    if prompt is not None:
-        out.append(_a("gen_ai.input.messages", orjson.dumps(prompt).decode()))
-    if ctx.answer.captured:
-        out.append(_a("gen_ai.output.messages", "".join(ctx.answer.captured)))
-    return out

@@ -11,11 +11,11 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
-from gateway.budgets.spend import cost
 from gateway.context import Attempt, RequestContext, TraceContext
 from gateway.memo import remember
 from gateway.telemetry import otlp
 from gateway.telemetry.spans.builders import build_spans
+from gateway.telemetry.spans.conventions import GENAI, SpanStyle
 from gateway.telemetry.spans.route_names import route_template
 from gateway.telemetry.spans.tree import (
     _AUTH,
@@ -63,6 +63,7 @@ def build_framed(
     hop_base: int,
     cache_backend: str = "memory",
     auth_mode: str = "off",
+    style: SpanStyle = GENAI,
 ) -> tuple[bytes, int]:
     """The request's spans framed as ``ScopeSpans.spans`` entries, and their count: the bytes
     of ``otlp.frame_spans(build_spans(...))``.
@@ -70,7 +71,8 @@ def build_framed(
     The common request (no edge hops, authenticated and routed, one attempt of a model call
     or none for a cache hit, no error, no parent, no MCP or stateful call) is written here in
     one pass from memoised parts, each span framed as it is written; any other goes through
-    :func:`build_spans`."""
+    :func:`build_spans`, and so does every request when ``style`` asks for OpenInference's
+    names or captured content (``answer.captured`` is set then)."""
     t = ctx.timeline
     attempts = ctx.attempts
     call = ctx.call
@@ -85,11 +87,12 @@ def build_framed(
         or answer.status >= 500
         or answer.error is not None
         or answer.captured is not None
+        or style.openinference
         or ctx.mcp is not None
         or call.policies
         or _rare(ctx, attempts[0] if attempts else None)
     ):
-        spans = build_spans(ctx, trace, edge_hops, hop_base, cache_backend, auth_mode)
+        spans = build_spans(ctx, trace, edge_hops, hop_base, cache_backend, auth_mode, style)
         return otlp.frame_spans(spans), len(spans)
     tree = _Tree(ctx, trace)
     out = [_lead(tree, hop_base, auth_mode)]
@@ -402,10 +405,7 @@ def _common_root(tree: _Tree) -> bytes:
     first = t.first_content
     if first is not None:
         parts.append(_f("gateway.ttft_ms", _ms(first - tree.received)))
-    parts.append(tree.usage)
-    usd = cost(ctx)
-    if usd is not None:
-        parts.append(_f("gateway.cost_usd", usd))
+    parts.append(tree.usage)  # with the cost
     parts.append(_TAIL)
     span = b"".join(parts)
     return _FRAME[len(span)] + span if len(span) < 16384 else _framed(span)

@@ -9,9 +9,11 @@ import random
 import struct
 from typing import Any, Final
 
+from gateway.budgets.spend import cost
 from gateway.context import RequestContext, TraceContext
 from gateway.memo import remember
 from gateway.telemetry import otlp
+from gateway.telemetry.spans.conventions import GENAI, SpanStyle
 
 EdgeHop = tuple[str, int, float, float]  # (hop name, hop.index, start, end) epoch seconds
 
@@ -99,15 +101,17 @@ class _Tree:
         "ids",
         "received",
         "root_id",
+        "style",
         "tail",
         "under_root",
         "usage",
         "wall",
     )
 
-    def __init__(self, ctx: RequestContext, trace: TraceContext) -> None:
+    def __init__(self, ctx: RequestContext, trace: TraceContext, style: SpanStyle = GENAI) -> None:
         t = ctx.timeline
         self.ctx = ctx
+        self.style = style
         self.received = t.received
         self.wall = t.wall_ns
         self.done = t.done if t.done is not None else t.received
@@ -121,18 +125,36 @@ class _Tree:
         while _ZERO_ID in ids:  # no id may be all zero (W3C); a false alarm only draws again
             ids = _getrandbits(320).to_bytes(40, "big")
         self.ids = ids
-        #: gen_ai.usage.input_tokens / output_tokens: the same on the answering CLIENT span
-        #: and the root, encoded once
-        usage = ctx.answer.tokens
-        tokens = b""
-        if usage.input is not None:
-            tokens = _i("gen_ai.usage.input_tokens", usage.input)
-        if usage.output is not None:
-            tokens += _i("gen_ai.usage.output_tokens", usage.output)
-        self.usage = tokens
+        self.usage = _answer_block(ctx)
 
     def ns(self, t: float) -> int:
         return self.wall + int((t - self.received) * 1e9)
+
+
+def _answer_block(ctx: RequestContext) -> bytes:
+    """What the answer came to, the same on the answering CLIENT span and the root, encoded
+    once: ``gen_ai.conversation.id``, the usage (GenAI conventions: input and output, the
+    cache reads and writes within the input, the reasoning within the output; the parts only
+    when reported) and ``gateway.cost_usd`` (docs/spec.md §7, §20)."""
+    block = b""
+    conversation = ctx.conversation_id
+    if conversation is not None:
+        block = _str("gen_ai.conversation.id", conversation)
+    usage = ctx.answer.tokens
+    if usage.input is not None:
+        block += _i("gen_ai.usage.input_tokens", usage.input)
+    if usage.output is not None:
+        block += _i("gen_ai.usage.output_tokens", usage.output)
+    if usage.cached_input:
+        block += _i("gen_ai.usage.cache_read.input_tokens", usage.cached_input)
+    if usage.cache_write:
+        block += _i("gen_ai.usage.cache_creation.input_tokens", usage.cache_write)
+    if usage.reasoning:
+        block += _i("gen_ai.usage.reasoning.output_tokens", usage.reasoning)
+    usd = cost(ctx)
+    if usd is not None:
+        block += _f("gateway.cost_usd", usd)
+    return block
 
 
 _CACHE_GROUPS: dict[tuple[str, str, bool], bytes] = {}
