@@ -122,6 +122,18 @@ class Metrics:
         self.objects = ObjectMetrics()
         self.counters = (*self.counters, self.objects.bytes)
         self.histograms = (*self.histograms, self.objects.duration)
+        #: config reloads (docs/spec.md §29), per process: result "ok" or "error"
+        self.reloads = Counter("gateway_config_reloads", "Config reloads", ("result",))
+        self.counters = (*self.counters, self.reloads)
+
+    def use_routes(self, route_patterns: Mapping[str, tuple[str, ...]]) -> None:
+        """The routes of a reloaded config: the ``route`` and ``model`` labels they give."""
+        self._literal = {
+            name: frozenset(p for p in patterns if not set(p) & set("*?["))
+            for name, patterns in route_patterns.items()
+        }
+        self._patterns = route_patterns
+        self._plans = {}
 
     def _latency_histograms(self) -> None:
         self.request_duration = Histogram(
