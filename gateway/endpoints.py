@@ -236,6 +236,9 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
         # where response id -> backend lives (docs/spec.md §22): memory | redis:<state>
         "responses": rt.ownership.state(),
     }
+    sign_ins = rt.auth.sign_ins
+    if sign_ins is not None:  # each issuer's JWK Set (docs/spec.md §29): never a reason either
+        body["sign_in"] = {ks.url: ks.state() for ks in sign_ins.key_sets()}
     await plain_json(send, 200, body)
 
 

@@ -141,6 +141,7 @@ class Runtime:
         of workers > 1, the JWK Sets; the load scrapers of its backends)."""
         if self.services is not None and self.services.current is None:
             self.services.start()
+            await self.services.key_sets.ready()  # the issuers' keys, before listening
         self.begin()
 
     def begin(self) -> None:

@@ -121,26 +121,31 @@ class Snapshots:
         """Read the config file again (or take ``config``) and serve it: the config now
         served, or None when the running one was kept (the error logged)."""
         async with self._lock:  # one reload at a time; a second SIGHUP waits its turn
-            return self._reload(config)
+            cur = self.current
+            built = self._build(cur.runtime, config) if cur is not None else None
+            if cur is None or built is None:
+                return None
+            runtime, kept = built
+            if runtime.services is not None:  # a new issuer's keys, before it serves
+                await runtime.services.key_sets.ready()
+            return self._swap(cur, runtime, kept)
 
-    def _reload(self, config: Config | None) -> Config | None:
-        cur = self.current
-        if cur is None:
-            return None
-        old = cur.runtime
+    def _build(self, old: Runtime, config: Config | None) -> tuple[Runtime, list[str]] | None:
         source = old.config.source
         try:
             if config is None:
                 config = _read_again(source)
             merged, kept = merge(old.config, config)
-            runtime = build_runtime(merged, services=old.services, previous=old)
+            return build_runtime(merged, services=old.services, previous=old), kept
         except ConfigError as exc:
             self._failed(old, source, "; ".join(exc.errors))
-            return None
         except Exception as exc:  # a snapshot that cannot be built: the running one stays
             log.exception("gateway: config reload: building the new snapshot failed")
             self._failed(old, source, str(exc) or type(exc).__name__)
-            return None
+        return None
+
+    def _swap(self, cur: Generation, runtime: Runtime, kept: list[str]) -> Config:
+        merged, source = runtime.config, runtime.config.source
         gen = self.current = Generation(runtime, self._table(merged))
         runtime.begin()
         self._retire(cur)

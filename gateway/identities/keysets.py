@@ -143,6 +143,8 @@ class KeySet:
         self._fetched_at: float | None = None
         self._error: str | None = None
         self._wanted = asyncio.Event()
+        #: set once the first fetch is over (whatever its outcome)
+        self.tried = asyncio.Event()
 
     def find(self, kid: str | None) -> SigningKey | None:
         """The key a token's ``kid`` names; without a ``kid``, the only key there is."""
@@ -185,6 +187,7 @@ class KeySet:
                     f"{len(self.keys)} key(s) known are kept and it is fetched again"
                 )
             self._error = reason
+            self.tried.set()
             return False
         for problem in problems:
             log.warning(f"gateway: jwks {self.url}: {problem}")
@@ -193,6 +196,7 @@ class KeySet:
         self._error = None
         self.keys = keys
         self._fetched_at = time.time()
+        self.tried.set()
         return True
 
     def state(self) -> dict[str, Any]:
@@ -225,6 +229,16 @@ class KeySets:
                 self._start(ks)
         ks.refresh_s = min(ks.refresh_s, refresh_s)
         return ks
+
+    async def ready(self) -> None:
+        """Wait (at most :data:`FETCH_TIMEOUT_S`) until every set has had its first fetch: a
+        gateway that starts, or a reload that names a new issuer, serves its tokens from the
+        first request when the issuer answers, and starts anyway when it does not."""
+        waits = [ks.tried.wait() for ks in self.sets.values() if not ks.tried.is_set()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FETCH_TIMEOUT_S):
+                    await asyncio.gather(*waits)
 
     def keep(self, urls: set[str]) -> None:
         """Stop the sets no config names any more (after a reload)."""
