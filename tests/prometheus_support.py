@@ -76,6 +76,8 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     # MCP through the gateway (docs/spec.md §23)
     "gateway_mcp_requests_total": ("counter", frozenset({"server", "method", "tool", "status"})),
     "gateway_mcp_request_duration_seconds": ("histogram", frozenset({"server", "method"})),
+    # config reloads (docs/spec.md §29)
+    "gateway_config_reloads_total": ("counter", frozenset({"result"})),
 }
 #: a crude PromQL reading: anything that looks like one of our metric names
 METRIC_NAME = re.compile(r"\bgateway_[a-z_]+")

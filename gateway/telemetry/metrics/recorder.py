@@ -124,6 +124,7 @@ class Metrics:
         self.histograms = (*self.histograms, self.objects.duration)
         #: config reloads (docs/spec.md §29), per process: result "ok" or "error"
         self.reloads = Counter("gateway_config_reloads", "Config reloads", ("result",))
+        self.reloads.values.update({("ok",): 0.0, ("error",): 0.0})  # scraped from the start
         self.counters = (*self.counters, self.reloads)
 
     def use_routes(self, route_patterns: Mapping[str, tuple[str, ...]]) -> None:
