@@ -157,6 +157,7 @@ class Runtime:
         built for it on first use (its MCP servers' clients)."""
         if self.fleet is not None:
             await self.fleet.aclose()
+        await self.auth.drain()  # its last settlements, on the limiter the process keeps
         await asyncio.gather(
             *(b.transport.aclose() for b in self.backends.values() if id(b) not in held),
             *(close() for close in self.closers),

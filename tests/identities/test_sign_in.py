@@ -95,6 +95,8 @@ def test_a_token_of_either_key_type_is_served_as_its_tenant(gateway, jwks, acces
     gw = start(gateway, jwks)
     assert chat(gw, rsa.token(groups=["ml"]))
     assert chat(gw, ec.token(sub="bob", tenant="support"), model="claude-sonnet-4")
+    # each line is written as its request ends, after the answer's last byte: wait for both
+    _wait(lambda: len(access_lines) >= 2, "both access-log lines", 5)
     tenants = [line.get("tenant") for line in access_lines if line.get("status") == 200]
     assert tenants == ["research", "support"]
 
