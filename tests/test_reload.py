@@ -66,19 +66,29 @@ def served(proc: Process, model: str) -> bool:
 
 
 def test_a_route_change_takes_effect_for_the_next_request(tmp_path):
-    with gateway_process(tmp_path, ROUTES.format(url="mock://")) as proc:
+    """``gateway reload -c FILE`` finds the gateway by the pid file its config names."""
+    pid_file = tmp_path / "gateway.pid"
+    body = ROUTES.format(url="mock://")
+    with gateway_process(tmp_path, body, server_extra=f'pid_file = "{pid_file}"') as proc:
         path = config_of(tmp_path, proc)
+        assert pid_file.read_text() == f"{proc.proc.pid}\n"
         assert served(proc, "gpt-4o") and not served(proc, "claude-sonnet-4")
         rewrite(path, '["gpt-*", "mock-*"]', '["claude-*"]')
         cli = subprocess.run(
-            gateway_cli("reload", "-c", str(path), "--pid", str(proc.proc.pid)),
-            capture_output=True,
-            text=True,
-            timeout=30,
+            gateway_cli("reload", "-c", str(path)), capture_output=True, text=True, timeout=30
         )
         assert cli.returncode == 0, cli.stderr
+        assert f"sent SIGHUP to process {proc.proc.pid}" in cli.stdout
         wait_for(lambda: reloads(proc, "ok") == 1, "the reload")
         assert served(proc, "claude-sonnet-4") and not served(proc, "gpt-4o")
+    assert not pid_file.exists()  # removed at exit
+    cli = subprocess.run(
+        gateway_cli("reload", "-c", str(path), "--pid", str(proc.proc.pid)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert cli.returncode == 1 and f"no process {proc.proc.pid}" in cli.stderr
 
 
 def test_gateway_reload_signals_nothing_for_a_file_that_would_not_load(tmp_path):

@@ -166,11 +166,12 @@ class KeySet:
             delay = self.refresh_s
             if failures:
                 delay = min(delay, MAX_BACKOFF_S, 2.0 ** (failures - 1))
+            woken = False
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
-                    await self._wanted.wait()
+                    woken = await self._wanted.wait()
             wait = self._last_fetch + COOLDOWN_S - self._clock()
-            if wait > 0:
+            if woken and wait > 0:  # an unknown kid: once per cooldown
                 await asyncio.sleep(wait)
 
     async def fetch_once(self) -> bool:

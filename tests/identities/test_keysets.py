@@ -89,3 +89,23 @@ def test_an_unknown_kid_fetches_once_per_cooldown():
         task.cancel()
 
     asyncio.run(run())
+
+
+def test_the_set_is_fetched_again_every_refresh_period():
+    fetched: list[int] = []
+
+    async def fetch(url: str) -> bytes:
+        fetched.append(1)
+        return body(rsa_key("r").jwk)
+
+    async def run() -> None:
+        ks = KeySet("http://idp.test/jwks", 0.05, fetch)
+        task = asyncio.create_task(ks.run())
+        for _ in range(200):  # bounded: 10 s
+            if len(fetched) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        assert len(fetched) >= 3
+
+    asyncio.run(run())
