@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway import endpoints
+from gateway.a2a.endpoint import A2aEndpoints
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
 from gateway.live.view import LiveView
@@ -62,13 +63,14 @@ class Gateway:
         self._view = LiveView(config) if config.ui.enabled else None  # docs/spec.md §18
         self._endpoints.update(self._view.endpoints() if self._view is not None else {})
         self._mcp = McpEndpoints(config)  # /mcp and /mcp/{server} (docs/spec.md §23)
+        self._a2a = A2aEndpoints(config)  # /a2a and /a2a/{agent}… (docs/spec.md §30)
 
     def _serve(self, config: Config) -> dict[str, Endpoint]:
         """A config the app starts to serve: its dispatch table, the live view's keys."""
         self.config = config
         if self._view is not None:
             self._view.sessions.use_keys(config.auth.keys)
-        return {**self._endpoints, **self._mcp.endpoints(config)}
+        return {**self._endpoints, **self._mcp.endpoints(config), **self._a2a.endpoints(config)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -79,8 +81,7 @@ class Gateway:
         if gen is None:  # not started (or stopping): only health answers
             if kind == "websocket":
                 return await self._realtime(None, scope, receive, send)
-            status = 200 if scope["path"] == "/healthz" else 503
-            return await endpoints.plain_json(send, status, {"status": "starting"})
+            return await endpoints.starting(scope, send)
         endpoint = gen.endpoint(scope) if kind == "http" else self._realtime
         gen.active += 1  # the request ends on the snapshot it began with (docs/spec.md §29)
         try:
@@ -116,6 +117,7 @@ class Gateway:
     async def shutdown(self) -> None:
         await self.snapshots.aclose()
         await self._mcp.aclose()
+        await self._a2a.aclose()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
@@ -125,8 +127,6 @@ class Gateway:
             yield self
         finally:
             await self.shutdown()
-
-    # what tests and operators look at, without reaching into the runtime
 
     @property
     def runtime(self) -> Runtime | None:  # the snapshot serving now

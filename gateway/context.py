@@ -455,6 +455,9 @@ class RequestContext:
     #: an MCP request's facts (server, JSON-RPC method, tool, session, status; docs/spec.md
     #: §23), written by :mod:`gateway.mcp` for its spans, access-log line and the live view
     mcp: dict[str, Any] | None = None
+    #: an A2A call's facts (agent, method, task, context, state, status; docs/spec.md §30),
+    #: written by :mod:`gateway.a2a` for its spans, access-log line and the live view
+    a2a: dict[str, Any] | None = None
 
     def __init__(self, scope: Scope, timeline: Timeline) -> None:
         self.scope = scope

@@ -223,6 +223,12 @@ async def healthz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> No
     await plain_json(send, 200, {"status": "ok"})
 
 
+async def starting(scope: Scope, send: Send) -> None:
+    """Before the app is up (and while it stops): ``/healthz`` is 200, every other path 503."""
+    status = 200 if scope["path"] == "/healthz" else 503
+    await plain_json(send, status, {"status": "starting"})
+
+
 async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
     body: dict[str, Any] = {
         "status": "ready",

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import endpoints, stateful
+from gateway.a2a.endpoint import PREFIX as A2A
 from gateway.config import Config, ConfigError, load_config
 from gateway.runtime import Endpoint, Runtime, build_runtime
 from gateway.target import canonical_scope
@@ -30,7 +31,7 @@ from gateway.types import Scope
 log = logging.getLogger("gateway")
 
 #: the sections a reload applies; every other setting keeps its running value until a restart
-RELOADED = ("backends", "routes", "prices", "mcp_servers")
+RELOADED = ("backends", "routes", "prices", "mcp_servers", "agents")
 #: and these of ``[auth]``: the keys, the tenants, the sign-in issuers and their grants
 AUTH_RELOADED = ("keys", "tenants", "jwt")
 _NOT_SETTINGS = ("source", "explicit")
@@ -58,6 +59,8 @@ class Generation:
         if endpoint is None:
             endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
             endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
+            if path.startswith(A2A):  # A2A's HTTP+JSON binding, with [[agents]] (§30)
+                endpoint = self.table.get(A2A, endpoint)
             if not canonical_scope(scope):  # a scope made by another server: not forwarded
                 endpoint = endpoints.bad_path("the path is not in its canonical form")
         return endpoint

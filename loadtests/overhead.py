@@ -70,6 +70,53 @@ UPSTREAM_BODY = (
     '"completion_tokens_details":{"reasoning_tokens":0}}}'
 )
 
+#: with ``Bench.start_nginx(streams=True)``: a request body this long or longer is answered as a
+#: stream (UPSTREAM_SSE); every benchmark request is far shorter
+STREAM_BODY_BYTES = 10_000
+_CHUNK = (
+    '{"id":"chatcmpl-bench0000000000000000000000","object":"chat.completion.chunk",'
+    '"created":1733140800,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_bench",'
+    '"choices":[{"index":0,"delta":%s,"logprobs":null,"finish_reason":%s}]}'
+)
+# The same answer as UPSTREAM_BODY, as a chat.completion.chunk stream ending in [DONE].
+UPSTREAM_SSE = (
+    "".join(
+        f"data: {_CHUNK % (delta, finish)}\n\n"
+        for delta, finish in (
+            ('{"role":"assistant","content":"Hello!"}', "null"),
+            ('{"content":" How can I help you today?"}', "null"),
+            ("{}", '"stop"'),
+        )
+    )
+    + "data: [DONE]\n\n"
+)
+
+
+def _nginx_literal(text: str) -> str:
+    """``text`` as the inside of a single-quoted nginx string (newlines as ``\\n``)."""
+    out = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    assert "$" not in out  # nginx would expand it as a variable
+    return out
+
+
+def _nginx_stream_branch() -> tuple[str, str, str]:
+    """The map, the ``if`` and the location that answer a long body with UPSTREAM_SSE,
+    indented for start_nginx's config (its dedent needs them at least as deep as the rest)."""
+    digits = len(str(STREAM_BODY_BYTES))
+    sse_map = (
+        "\n                    map $content_length $bench_sse {"
+        f' "~^[0-9]{{{digits},}}$" 1; default 0; }}'
+    )
+    sse_if = "\n                            if ($bench_sse) { rewrite ^ /__bench_sse last; }"
+    sse_location = (
+        "\n                        location = /__bench_sse {"
+        "\n                            internal;"
+        "\n                            default_type text/event-stream;"
+        f"\n                            return 200 '{_nginx_literal(UPSTREAM_SSE)}';"
+        "\n                        }"
+    )
+    return sse_map, sse_if, sse_location
+
 
 # ---------------------------------------------------------------- variants
 
@@ -607,16 +654,22 @@ class Bench:
         self.nginx_port = 0
         self._helpers: dict[str, str] = {}  # template key -> value, filled lazily
         self._direct_streams: tuple[Any, Any] | None = None
+        #: seconds of wrk at c=connections before each target's measurement
+        self.warmup_s: float = WARMUP_S
 
     # -- helpers ----------------------------------------------------------
 
-    def start_nginx(self) -> None:
+    def start_nginx(self, streams: bool = False) -> None:
+        """nginx answering UPSTREAM_BODY; with ``streams``, a request body of STREAM_BODY_BYTES
+        or more (no benchmark request is that long) is answered with UPSTREAM_SSE instead, so a
+        proxy's streaming can be checked against the very upstream it is measured with."""
         root = self.tmp / "nginx"
         for sub in ("logs", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self.nginx_port = free_port()
         body = UPSTREAM_BODY.replace("\\", "\\\\").replace("'", "\\'")
         assert "$" not in body  # nginx would expand it as a variable
+        sse_map, sse_if, sse_location = _nginx_stream_branch() if streams else ("", "", "")
         conf = root / "nginx.conf"
         conf.write_text(
             textwrap.dedent(
@@ -637,13 +690,13 @@ class Bench:
                     keepalive_requests 1000000000;
                     keepalive_timeout 300s;
                     client_body_buffer_size 64k;
-                    server_tokens off;
+                    server_tokens off;{sse_map}
                     server {{
                         listen 127.0.0.1:{self.nginx_port} backlog=4096;
                         default_type application/json;
-                        location / {{
+                        location / {{{sse_if}
                             return 200 '{body}';
-                        }}
+                        }}{sse_location}
                     }}
                 }}
                 """
@@ -765,7 +818,7 @@ class Bench:
         t0 = cpu_times()
         time.sleep(IDLE_PROBE_S)  # everything is idle now: is anybody else using our cores?
         m.idle_busy, _ = busy_pct(t0, cpu_times())
-        self.wrk(port, lua, self.args.connections, WARMUP_S, latency=False)
+        self.wrk(port, lua, self.args.connections, self.warmup_s, latency=False)
         best_rps = -1.0
         for _ in range(self.args.repeat):
             t0, g0 = cpu_times(), proc_cpu_s(gw_pid)
@@ -798,9 +851,12 @@ class Bench:
 
     # -- gateway ----------------------------------------------------------
 
-    def run_variant(self, name: str, src: Path | None = None) -> Measurement:
+    def run_variant(
+        self, name: str, src: Path | None = None, check: Callable[[int], None] | None = None
+    ) -> Measurement:
         """Start the gateway for variant ``name`` (from the source tree ``src``, default this
-        one), measure it as its kind says, stop it (and its helpers) by PID."""
+        one), ``check(port)`` it if given, measure it as its kind says, stop it (and its
+        helpers) by PID."""
         v = VARIANTS[name]
         sink: tuple[subprocess.Popen[bytes], str, Path] | None = None
         if "otlp_endpoint" in v.needs:
@@ -815,12 +871,9 @@ class Bench:
         proc, port, log = self.start_gateway(label, v, upstream_port=upstream, subst=subst, src=src)
         result: Measurement | None = None
         try:
-            if v.kind == "streams":
-                result = self.measure_streams(port, log)
-            elif v.kind == "rss":
-                result = self.measure_rss(port, v.lua, proc.pid)
-            else:
-                result = self.measure(port, v.lua, gw_pid=proc.pid)
+            if check is not None:
+                check(port)
+            result = self._measure_as(v, port, log, proc.pid)
             if "redis_url" in subst:  # evidence the cache is in the path: 1 key for hits, many else
                 reply = redis_command(subst["redis_url"], b"DBSIZE").strip().lstrip(b":")
                 result.notes.append(
@@ -842,6 +895,13 @@ class Bench:
         if stop_s > 5:
             result.notes.append(f"the gateway took {stop_s:.1f}s to stop after SIGTERM")
         return result
+
+    def _measure_as(self, v: Variant, port: int, log: Path, pid: int) -> Measurement:
+        if v.kind == "streams":
+            return self.measure_streams(port, log)
+        if v.kind == "rss":
+            return self.measure_rss(port, v.lua, pid)
+        return self.measure(port, v.lua, gw_pid=pid)
 
     def start_gateway(
         self,
@@ -1135,8 +1195,11 @@ def ratio_line(rows: Sequence[Row]) -> str:
     return f"direct/gateway throughput ratio ({gw.target}): {ratio:.1f}x — {verdict}"
 
 
-def noise_warnings(rows: Sequence[Row], pin: Pinning, connections: int) -> list[str]:
-    """Say when something other than the benchmark competed for the CPUs."""
+def noise_warnings(
+    rows: Sequence[Row], pin: Pinning, connections: int, who: str = "the gateway"
+) -> list[str]:
+    """Say when something other than the benchmark competed for the CPUs (``who``: what the
+    non-direct rows measured)."""
     out: list[str] = []
     cores = [c for c in (pin.gw, pin.load) if c is not None]
     for r in rows:
@@ -1162,7 +1225,7 @@ def noise_warnings(rows: Sequence[Row], pin: Pinning, connections: int) -> list[
                 else "it was starved or waited on something other than CPU"
             )
             out.append(
-                f"{r.target}: the gateway used only {r.m.gw_cpu_pct:.0f}% of its core at "
+                f"{r.target}: {who} used only {r.m.gw_cpu_pct:.0f}% of its core at "
                 f"c{connections}; {why}"
             )
     return out
@@ -1187,7 +1250,7 @@ def tool_version(argv: list[str]) -> str:
     return out[0] if out else "?"
 
 
-def machine_facts(pin: Pinning, args: argparse.Namespace) -> str:
+def machine_facts(pin: Pinning, args: argparse.Namespace, warmup_s: float = WARMUP_S) -> str:
     aff = sorted(os.sched_getaffinity(0))
     wrk_v = tool_version(["wrk", "--version"]).split("Copyright")[0].strip()
     nginx_v = tool_version([find_tool("nginx") or "nginx", "-v"]).replace("nginx version: ", "")
@@ -1198,7 +1261,7 @@ def machine_facts(pin: Pinning, args: argparse.Namespace) -> str:
             f"- Python: {platform.python_version()} ({sys.executable})",
             f"- pinning: {pin.describe()}",
             f"- load: {wrk_v}, -t1, -c{args.connections} for req/s and -c1 --latency for "
-            f"percentiles, {args.duration:g}s each after a {WARMUP_S}s warm-up"
+            f"percentiles, {args.duration:g}s each after a {warmup_s:g}s warm-up"
             + (f", best of {args.repeat} rounds" if args.repeat > 1 else ""),
             f"- upstream: nginx {nginx_v}, `return 200` + a fixed chat.completion "
             f"({len(UPSTREAM_BODY)} bytes)",

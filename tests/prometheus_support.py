@@ -78,9 +78,12 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_mcp_request_duration_seconds": ("histogram", frozenset({"server", "method"})),
     # config reloads (docs/spec.md §29)
     "gateway_config_reloads_total": ("counter", frozenset({"result"})),
+    # A2A through the gateway (docs/spec.md §30)
+    "gateway_a2a_requests_total": ("counter", frozenset({"agent", "method", "status"})),
+    "gateway_a2a_request_duration_seconds": ("histogram", frozenset({"agent", "method"})),
 }
 #: a crude PromQL reading: anything that looks like one of our metric names
-METRIC_NAME = re.compile(r"\bgateway_[a-z_]+")
+METRIC_NAME = re.compile(r"\bgateway_[a-z0-9_]+")
 
 #: NVIDIA dcgm-exporter's series that the dashboard's "GPUs" row and the Gpu* alerts read (not
 #: the gateway's: Prometheus scrapes the exporter as job ``dcgm-exporter``), with the labels the

@@ -153,6 +153,11 @@ def _mcp_round(gw: GatewayServer) -> None:
         body = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": call}
         r = httpx2.post(url, json=body, headers=headers, timeout=5)
         assert r.status_code == 200, r.text
+    # a message to the built-in agent (docs/spec.md §30)
+    message = {"messageId": f"m{n}", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    body = {"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": message}}
+    r = httpx2.post(gw.url + "/a2a/echo", json=body, headers=headers, timeout=5)
+    assert r.status_code == 200 and "result" in r.json(), r.text
     # a realtime session (docs/spec.md §19): sessions, close codes, per-frame overhead
     asyncio.run(asyncio.wait_for(_realtime_turn(gw.base_url, n), 20))
 
@@ -216,6 +221,7 @@ def stack(mock_upstream: Process, model_server: Process) -> Iterator[Stack]:
             "GATEWAY__AUTH__KEYS__0__TENANT": "demo",
             "GATEWAY__AUTH__KEYS__0__SHA256": hashlib.sha256(b"sk-client-key").hexdigest(),
             "GATEWAY__AUTH__KEYS__0__MCP_SERVERS": '["builtin"]',  # the MCP row (§23)
+            "GATEWAY__AUTH__KEYS__0__AGENTS": '["echo"]',  # the A2A row (§30)
             "GATEWAY__AUTH__TENANTS__0__NAME": "shared-budget",
             "GATEWAY__AUTH__TENANTS__0__BUDGET_USD": "100",
         }

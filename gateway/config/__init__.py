@@ -4,7 +4,8 @@
 Every section is a frozen dataclass, in the module of its family: :mod:`.listening` (server,
 edge), :mod:`.backends` (backends, routes), :mod:`.accounts` (auth keys, tenants, prices),
 :mod:`.observability` (tracing, logging, metrics, the live view), :mod:`.features` (cache,
-realtime, MCP servers), the whole in :mod:`.root`. :func:`load_config` (:mod:`.loader`)
+realtime, MCP servers), :mod:`.agents` (A2A agents), the whole in :mod:`.root`.
+:func:`load_config` (:mod:`.loader`)
 applies the overrides (:mod:`.overrides`), builds the sections from plain data
 (:mod:`.convert`), checks what types cannot (:mod:`.checks`) and collects *every* problem as
 ``path.to.key: message`` (:mod:`.key_paths`; unknown keys included), so ``gateway check-config``
@@ -17,6 +18,7 @@ Config, load_config``.
 """
 
 from gateway.config.accounts import AuthConfig, AuthKeyConfig, PriceConfig, TenantConfig
+from gateway.config.agents import AgentConfig
 from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
 from gateway.config.identities import ASYMMETRIC, JwtGrantConfig, JwtIssuerConfig
@@ -37,6 +39,7 @@ __all__ = [
     "ASYMMETRIC",
     "CONFIG_ENV",
     "ENV_PREFIX",
+    "AgentConfig",
     "AuthConfig",
     "AuthKeyConfig",
     "BackendConfig",

@@ -35,6 +35,9 @@ class AuthKeyConfig:
     #: the paths the gateway does not model that this key may reach, globs over the whole
     #: path (docs/spec.md §26); None: none, or every path for an admin key
     passthrough: tuple[str, ...] | None = None
+    #: the ``[[agents]]`` this key may call (globs over their names; docs/spec.md §30): none
+    #: unless listed
+    agents: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class TenantConfig:
     mcp_tools: tuple[str, ...] | None = None
     #: narrow the paths its keys may reach unmodelled (docs/spec.md §26; None: as the key says)
     passthrough: tuple[str, ...] | None = None
+    #: narrow the agents its keys may call (docs/spec.md §30; None: as the key says)
+    agents: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,7 @@ def grant_key(issuer: JwtIssuerConfig, grant: JwtGrantConfig) -> AuthKeyConfig:
         mcp_servers=grant.mcp_servers,
         mcp_tools=grant.mcp_tools,
         passthrough=grant.passthrough,
+        agents=grant.agents,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 
 from gateway.config.accounts import AuthConfig, PriceConfig
+from gateway.config.agents import check_agents
 from gateway.config.backends import BackendConfig, RouteConfig, split_url
 from gateway.config.features import CacheConfig, McpServerConfig
 from gateway.config.identities import check_jwt
@@ -34,6 +35,7 @@ def validate(cfg: Config, errors: list[str]) -> None:
     _check_prices(cfg.prices, err)
     err.positive(cfg.realtime, "realtime", "max_message_bytes", "idle_timeout_s", "max_session_s")
     _check_mcp_servers(cfg.mcp_servers, err)
+    check_agents(cfg.agents, err)
 
 
 def _check_server(s: ServerConfig, err: KeyPathErrors) -> None:

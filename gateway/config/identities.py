@@ -35,10 +35,13 @@ class JwtGrantConfig:
     #: the tenant's ``[[auth.tenants]]`` budget, when set, holds too
     subject_budget_usd: float | None = None
     subject_budget_period: Literal["day", "week", "month", "total"] = "month"
-    #: MCP servers and tools (docs/spec.md §23), paths not modelled (§26): as a key's
+    #: MCP servers and tools (docs/spec.md §23), paths not modelled (§26), agents (§30): as a
+    #: key's
     mcp_servers: tuple[str, ...] = ()
     mcp_tools: tuple[str, ...] = ("*",)
     passthrough: tuple[str, ...] | None = None
+    #: the ``[[agents]]`` its subjects may call (docs/spec.md §30): none unless listed
+    agents: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.config.accounts import AuthConfig, PriceConfig
+from gateway.config.agents import AgentConfig
 from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
 from gateway.config.listening import EdgeConfig, ServerConfig
@@ -28,6 +29,8 @@ class Config:
     prices: tuple[PriceConfig, ...] = ()
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    #: A2A agents behind /a2a/{name} (docs/spec.md §30)
+    agents: tuple[AgentConfig, ...] = ()
     #: where the config came from (a path, or "<embedded default>")
     source: str = field(default="<text>", compare=False)
     #: the key paths the file or a ``GATEWAY__*`` variable set (``"tracing.protocol"``,

@@ -39,7 +39,8 @@ A realtime session (docs/spec.md §19) is one record too, its ``GET /v1/realtime
 session), and ``realtime`` holds what the session set on its context at the end (messages each
 way, the close code and who closed, its last responses with TTFT, tokens and cost). Plain
 requests have no ``realtime`` key. :func:`stats` leaves sessions out. An MCP request
-(docs/spec.md §23) has an ``mcp`` key: server, method, tool, status and session id.
+(docs/spec.md §23) has an ``mcp`` key: server, method, tool, status and session id; an A2A
+call (§30) an ``a2a`` key: agent, method, task id, task state and status.
 
 Prompts and completions are kept (truncated to :data:`CONTENT_LIMIT` characters) only when the
 buffer is made with ``capture=True`` (``tracing.capture_content``).
@@ -66,6 +67,7 @@ ERROR_MESSAGE_LIMIT = 300
 WATCHER_QUEUE = 256
 PERCENTILES = (50, 90, 99)
 _MCP_FIELDS = ("server", "method", "tool", "status", "session")
+_A2A_FIELDS = ("agent", "method", "task", "state", "status")
 
 #: (backend, number, start, first_byte, end, status, error type, error message)
 _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str | None, str]
@@ -100,7 +102,8 @@ _AttemptRow = tuple[str, int, float, float | None, float | None, int | None, str
     _BACKOFF,
     _REALTIME,
     _MCP,
-) = range(28)
+    _A2A,
+) = range(29)
 
 
 def _attempt_row(a: Attempt) -> _AttemptRow:
@@ -155,12 +158,18 @@ def snapshot(ctx: RequestContext, edges: list[EdgeHop], seq: int, capture: bool)
         t.backoff,
         ctx.realtime,  # a session's facts: one small mapping made at its end, kept as is
         _mcp(ctx.mcp) if ctx.mcp is not None else None,
+        _facts(ctx.a2a, _A2A_FIELDS) if ctx.a2a is not None else None,
     )
 
 
 def _mcp(facts: Mapping[str, Any]) -> tuple[Any, ...]:
     """An MCP request's facts (docs/spec.md §23) as strings in a tuple (untracked by the GC)."""
-    return tuple(str(v) if v is not None else None for v in (facts.get(k) for k in _MCP_FIELDS))
+    return _facts(facts, _MCP_FIELDS)
+
+
+def _facts(facts: Mapping[str, Any], fields: tuple[str, ...]) -> tuple[Any, ...]:
+    """An MCP request's or A2A call's facts (docs/spec.md §23, §30) as strings in a tuple."""
+    return tuple(str(v) if v is not None else None for v in (facts.get(k) for k in fields))
 
 
 def _content(ctx: RequestContext) -> tuple[str | None, str | None]:
@@ -368,6 +377,8 @@ def format_record(snap: tuple[Any, ...]) -> dict[str, Any]:
         record["realtime"] = realtime_json(snap[_REALTIME])
     if snap[_MCP] is not None:  # a tool call (or another MCP request) beside the model calls
         record["mcp"] = dict(zip(_MCP_FIELDS, snap[_MCP], strict=True))
+    if snap[_A2A] is not None:  # a call to an agent (docs/spec.md §30)
+        record["a2a"] = dict(zip(_A2A_FIELDS, snap[_A2A], strict=True))
     return record
 
 

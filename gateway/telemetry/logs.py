@@ -205,4 +205,6 @@ def line(ctx: RequestContext) -> dict[str, Any]:
         out["error_type"] = kind
     if ctx.mcp is not None:  # an MCP request (docs/spec.md §23): server, method, tool, status
         out["mcp"] = {k: v for k, v in ctx.mcp.items() if k != "methods"}
+    if ctx.a2a is not None:  # an A2A call (docs/spec.md §30): agent, method, task, status
+        out["a2a"] = {k: v for k, v in ctx.a2a.items() if k != "span_id"}
     return out

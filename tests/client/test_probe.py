@@ -13,7 +13,7 @@ from tests.support import SeenRequest, free_port, http_response
 
 RUNS = 5
 #: "within a few ms" (docs/spec.md §3); the bug this guards against put 136 ms into "connect"
-AGREE_MS = 3.0
+AGREE_MS = 5.0
 SERVER_WAIT_S = 0.03
 
 
@@ -38,8 +38,11 @@ def probe_marks_ms(url: str, *extra: str) -> dict[str, float]:
 def test_connect_and_ttfb_agree_with_curl_on_loopback(upstream):
     up = upstream(slow_answer())
     url = f"http://127.0.0.1:{up.port}/healthz"
-    ours = [probe_marks_ms(url) for _ in range(RUNS)]
-    curls = [curl_marks_ms(url) for _ in range(RUNS)]
+    ours: list[dict[str, float]] = []
+    curls: list[dict[str, float]] = []
+    for _ in range(RUNS):  # taken in turns, so a busy stretch of the machine touches both alike
+        ours.append(probe_marks_ms(url))
+        curls.append(curl_marks_ms(url))
     for mark in ("connect", "ttfb"):
         a, b = median_of(ours, mark), median_of(curls, mark)
         assert abs(a - b) < AGREE_MS, f"{mark}: probe {a:.2f} ms, curl {b:.2f} ms"

@@ -381,7 +381,7 @@
       el("td", "mono id", rec.id),
       method,
       el("td", "mono path", rec.path),
-      el("td", "mono", rec.mcp ? mcpLabel(rec.mcp) : rec.model || "–"),
+      el("td", "mono", rec.mcp ? mcpLabel(rec.mcp) : rec.a2a ? a2aLabel(rec.a2a) : rec.model || "–"),
       el("td", "", rec.route || "–"),
       el("td", "", rec.backend || "–"),
       el("td", "status", rec.status),
@@ -406,6 +406,12 @@
   function mcpLabel(m) {
     const label = [m.method, m.tool].filter(Boolean).join(" ");
     return m.status && m.status !== "ok" ? label + " (" + m.status + ")" : label;
+  }
+
+  // an A2A call (docs/spec.md §30): "SendMessage echo → completed" in the model column
+  function a2aLabel(a) {
+    const label = [a.method, a.agent].filter(Boolean).join(" ") + (a.state ? " → " + a.state : "");
+    return a.status && a.status !== "ok" ? label + " (" + a.status + ")" : label;
   }
 
   // ---------------------------------------------------------------- realtime sessions (§19)

@@ -16,6 +16,7 @@ from gateway.telemetry.metrics.exposition import (
     WorkerSnapshots,
 )
 from gateway.telemetry.metrics.groups import (
+    A2aMetrics,
     McpMetrics,
     ObjectMetrics,
     RealtimeMetrics,
@@ -40,6 +41,7 @@ __all__ = [
     "METRICS_DIR_ENV",
     "OTHER",
     "SNAPSHOT_INTERVAL_S",
+    "A2aMetrics",
     "Counter",
     "ExemplarData",
     "Exposition",

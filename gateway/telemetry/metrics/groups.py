@@ -105,4 +105,23 @@ class McpMetrics:
         )
 
 
-__all__ = ["McpMetrics", "ObjectMetrics", "RealtimeMetrics", "SpendMetrics"]
+class A2aMetrics:
+    """A2A calls through the gateway (docs/spec.md §30), one per HTTP request."""
+
+    __slots__ = ("duration", "requests")
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "gateway_a2a_requests",
+            "A2A calls, by agent, method and outcome",
+            ("agent", "method", "status"),
+        )
+        self.duration = Histogram(
+            "gateway_a2a_request_duration_seconds",
+            "Time from an A2A call's first byte to its answer's last byte (a stream's end)",
+            ("agent", "method"),
+            DURATION_BUCKETS,
+        )
+
+
+__all__ = ["A2aMetrics", "McpMetrics", "ObjectMetrics", "RealtimeMetrics", "SpendMetrics"]

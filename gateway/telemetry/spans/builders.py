@@ -186,6 +186,8 @@ def _client_span(tree: _Tree, attempt: Attempt, last: bool) -> bytes:
     ctx = tree.ctx
     if ctx.mcp is not None:
         return _mcp_span(tree, attempt, ctx.mcp)
+    if ctx.a2a is not None:
+        return _a2a_span(tree, attempt, ctx.a2a)
     call = ctx.call
     b = attempt.backend
     model = ctx.model or ""
@@ -285,6 +287,55 @@ def _mcp_span(tree: _Tree, attempt: Attempt, mcp: dict[str, Any]) -> bytes:
     )
 
 
+def _a2a_attrs(a2a: dict[str, Any]) -> list[bytes]:
+    """An A2A call's attributes (the OpenTelemetry A2A and GenAI names; docs/spec.md §30)."""
+    method = a2a.get("method") or "unknown"
+    attrs = [_s("a2a.method.name", method), _s("gateway.a2a.agent", a2a.get("agent") or "*")]
+    if a2a.get("task"):
+        attrs.append(_str("a2a.task.id", a2a["task"]))
+    if a2a.get("state"):
+        attrs.append(_s("a2a.task.state", a2a["state"]))
+    if a2a.get("context"):
+        attrs.append(_str("gen_ai.conversation.id", a2a["context"]))
+    if a2a.get("id") is not None:
+        attrs.append(_str("jsonrpc.request.id", str(a2a["id"])))
+    if method in _A2A_INVOKE:
+        attrs.append(_s("gen_ai.operation.name", "invoke_agent"))
+        attrs.append(_s("gen_ai.agent.name", a2a.get("agent") or "*"))
+    if a2a.get("status") not in (None, "ok"):
+        attrs.append(_s("error.type", a2a.get("error") or a2a["status"]))
+    return attrs
+
+
+#: the methods that hand an agent a message (GenAI's ``invoke_agent`` operation)
+_A2A_INVOKE = frozenset({"SendMessage", "SendStreamingMessage", "message/send", "message/stream"})
+
+
+def _a2a_span(tree: _Tree, attempt: Attempt, a2a: dict[str, Any]) -> bytes:
+    """The CLIENT span of one call to an agent: ``{method} {agent}``; its id went to the agent
+    as ``traceparent``."""
+    b = attempt.backend
+    attrs = _a2a_attrs(a2a)
+    attrs.append(_s("server.address", b.host))
+    attrs.append(_s("gateway.backend", b.name))
+    if attempt.status is not None:
+        attrs.append(_s("http.response.status_code", attempt.status))
+    failed = attempt.error is not None or a2a.get("status") not in (None, "ok")
+    status = otlp.STATUS_ERROR if failed else otlp.STATUS_UNSET
+    message = attempt.error.message if attempt.error is not None else ""
+    end = attempt.end if attempt.end is not None else tree.done
+    return otlp.span_fast(
+        tree.head,
+        attempt.span_id.to_bytes(8, "big"),
+        tree.under_root,
+        otlp.name_kind(f"{a2a.get('method') or 'unknown'} {b.name}", otlp.KIND_CLIENT),
+        tree.ns(attempt.start),
+        tree.ns(end),
+        attrs,
+        otlp.tail(status, _FLAGS, message),
+    )
+
+
 _NO_VALUES: tuple[int | None, float | None] = (None, None)
 
 
@@ -337,8 +388,8 @@ def _root_span(tree: _Tree, trace: TraceContext, edge_hops: list[EdgeHop]) -> by
             status = otlp.STATUS_ERROR
     if ctx.disconnected:
         attrs.append(_s("gateway.client_disconnected", True))
-    if ctx.mcp is not None:
-        attrs.extend(_mcp_attrs(ctx.mcp))
+    if ctx.mcp is not None or ctx.a2a is not None:  # an MCP request, an A2A call
+        attrs.extend(_mcp_attrs(ctx.mcp) if ctx.mcp is not None else _a2a_attrs(ctx.a2a or {}))
     if ctx.upload_bytes is not None:  # a streamed upload or download (docs/spec.md §24)
         attrs.append(_s("http.request.body.size", ctx.upload_bytes))
     if ctx.download_bytes is not None:
