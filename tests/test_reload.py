@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx2
 import openai
 import pytest
 
@@ -296,3 +297,26 @@ def test_an_old_pool_closes_once_its_last_request_ends_and_an_unchanged_one_is_k
             assert not kept.transport._closed
 
     asyncio.run(run())
+
+
+def test_an_mcp_server_and_an_agent_added_by_a_reload_are_served(tmp_path):
+    """``[[mcp_servers]]`` and ``[[agents]]`` follow a reload: their paths are in the new
+    snapshot's table, served by clients made for that snapshot."""
+    card = "/a2a/echo/.well-known/agent-card.json"
+    with gateway_process(tmp_path, ROUTES.format(url="mock://")) as proc:
+        path = config_of(tmp_path, proc)
+        assert httpx2.get(proc.url + card, timeout=10).status_code == 404
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        headers = {"accept": "application/json, text/event-stream"}
+        assert httpx2.post(proc.url + "/mcp/tools", json=ping, headers=headers).status_code == 404
+        path.write_text(
+            path.read_text()
+            + '\n[[agents]]\nname = "echo"\nurl = "mock://"\n'
+            + '[[mcp_servers]]\nname = "tools"\nurl = "mock://"\n'
+        )
+        os.kill(proc.proc.pid, signal.SIGHUP)
+        wait_for(lambda: reloads(proc, "ok") == 1, "the reload")
+        answer = httpx2.get(proc.url + card, timeout=10)
+        assert answer.status_code == 200 and answer.json()["name"]
+        answer = httpx2.post(proc.url + "/mcp/tools", json=ping, headers=headers, timeout=10)
+        assert answer.status_code == 200, answer.text
