@@ -1,8 +1,8 @@
 """The ASGI application: assembly only.
 
-The lifespan builds one immutable :class:`~gateway.runtime.Runtime`; requests are dispatched by
-path to an endpoint. The model call — the whole request path, hop by hop — reads top to bottom
-in :func:`gateway.pipeline.model_call`::
+The lifespan builds one immutable :class:`~gateway.runtime.Runtime` (a reload swaps it:
+:mod:`gateway.snapshots`); requests are dispatched by path to an endpoint. The model call — the
+whole request path, hop by hop — reads top to bottom in :func:`gateway.pipeline.model_call`::
 
     edge → auth → Accept-Encoding → read body → router → cache lookup
          → upstream (attempts) → relay (SSE or JSON) → cache store → telemetry
@@ -14,8 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from gateway import endpoints, stateful
-from gateway.a2a.endpoint import PREFIX as A2A
+from gateway import endpoints
 from gateway.a2a.endpoint import A2aEndpoints
 from gateway.cache.service import ResponseCache
 from gateway.config import Config, load_config
@@ -23,8 +22,8 @@ from gateway.live.view import LiveView
 from gateway.mcp.endpoint import McpEndpoints
 from gateway.pipeline import model_call
 from gateway.realtime.upgrade import RealtimeEndpoint
-from gateway.runtime import Endpoint, Runtime, build_runtime
-from gateway.target import canonical_scope
+from gateway.runtime import Endpoint, Runtime
+from gateway.snapshots import Snapshots
 from gateway.telemetry.tracing import Tracing
 from gateway.types import Receive, Scope, Send
 
@@ -43,8 +42,8 @@ class Gateway:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        #: built by the lifespan's startup; None until then (and after shutdown)
-        self.runtime: Runtime | None = None
+        #: the runtime snapshots: built by the lifespan's startup, swapped by a reload
+        self.snapshots = Snapshots(self._serve)
         #: WebSocket handshakes: /v1/realtime sessions (docs/spec.md §19), others refused
         self._realtime = RealtimeEndpoint(config.realtime)
         self._endpoints: dict[str, Endpoint] = {
@@ -61,37 +60,36 @@ class Gateway:
         }
         if config.metrics.enabled:
             self._endpoints["/metrics"] = endpoints.metrics
-        if config.ui.enabled:  # the live view under [ui] path (docs/spec.md §18)
-            self._endpoints.update(LiveView(config).endpoints())
+        self._view = LiveView(config) if config.ui.enabled else None  # docs/spec.md §18
+        self._endpoints.update(self._view.endpoints() if self._view is not None else {})
         self._mcp = McpEndpoints(config)  # /mcp and /mcp/{server} (docs/spec.md §23)
-        self._endpoints.update(self._mcp.endpoints())
         self._a2a = A2aEndpoints(config)  # /a2a and /a2a/{agent}… (docs/spec.md §30)
-        self._endpoints.update(self._a2a.endpoints())
+
+    def _serve(self, config: Config) -> dict[str, Endpoint]:
+        """A config the app starts to serve: its dispatch table, the live view's keys."""
+        self.config = config
+        if self._view is not None:
+            self._view.sessions.use_keys(config.auth.keys)
+        return {**self._endpoints, **self._mcp.endpoints(config), **self._a2a.endpoints(config)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http":
-            rt = self.runtime
-            path: str = scope["path"]
-            if rt is None:  # not started (or stopping): only health answers
-                status = 200 if path == "/healthz" else 503
-                await endpoints.plain_json(send, status, {"status": "starting"})
-                return
-            # the path is the canonical target the server made (docs/spec.md §25): every
-            # decision below and the upstream URL are made on that one spelling
-            endpoint = self._endpoints.get(path)
-            if endpoint is None:
-                endpoint = endpoints.passthrough if path.startswith("/v1/") else endpoints.not_found
-                endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
-                if path.startswith(A2A) and self._a2a.on:  # A2A's HTTP+JSON binding (§30)
-                    endpoint = self._a2a.rest
-                if not canonical_scope(scope):  # a scope made by another server: not forwarded
-                    endpoint = endpoints.bad_path("the path is not in its canonical form")
-            await endpoint(rt, scope, receive, send)
-        elif kind == "lifespan":
+        if kind == "lifespan":
             await self._lifespan(receive, send)
-        elif kind == "websocket":
-            await self._realtime(self.runtime, scope, receive, send)
+            return
+        gen = self.snapshots.current
+        if gen is None:  # not started (or stopping): only health answers
+            if kind == "websocket":
+                return await self._realtime(None, scope, receive, send)
+            return await endpoints.starting(scope, send)
+        endpoint = gen.endpoint(scope) if kind == "http" else self._realtime
+        gen.active += 1  # the request ends on the snapshot it began with (docs/spec.md §29)
+        try:
+            await endpoint(gen.runtime, scope, receive, send)
+        finally:
+            gen.active -= 1
+            if gen.retired and not gen.active:
+                self.snapshots.idle(gen)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -110,15 +108,16 @@ class Gateway:
                 return
 
     async def startup(self) -> None:
-        self.runtime = build_runtime(self.config)
-        await self.runtime.start()
+        await self.snapshots.start(self.config)
+
+    async def reload(self, config: Config | None = None) -> bool:
+        """Serve the config file as it is now (docs/spec.md §29); False: the old one is kept."""
+        return await self.snapshots.reload(config) is not None
 
     async def shutdown(self) -> None:
-        rt, self.runtime = self.runtime, None
+        await self.snapshots.aclose()
         await self._mcp.aclose()
         await self._a2a.aclose()
-        if rt is not None:
-            await rt.aclose()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
@@ -129,7 +128,10 @@ class Gateway:
         finally:
             await self.shutdown()
 
-    # what tests and operators look at, without reaching into the runtime
+    @property
+    def runtime(self) -> Runtime | None:  # the snapshot serving now
+        gen = self.snapshots.current
+        return gen.runtime if gen is not None else None
 
     @property
     def tracing(self) -> Tracing | None:

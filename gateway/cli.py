@@ -31,6 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a config file (exit 0 valid, 2 invalid)")
     c.add_argument("path")
 
+    r = sub.add_parser(
+        "reload",
+        help="check the config, then have the running gateway re-read it (SIGHUP)",
+        description="Validate the config (exit 2 with every error, nothing signalled), then "
+        "send SIGHUP to the gateway whose id --pid names, else the pid file (--pid-file, "
+        "else the config's [server] pid_file) holds (docs/spec.md §29).",
+    )
+    r.add_argument("-c", "--config", help=f"TOML config (default: ${CONFIG_ENV})")
+    r.add_argument("--pid-file", help="the file `gateway serve` wrote ([server] pid_file)")
+    r.add_argument("--pid", type=int, help="the process id of `gateway serve`")
+
     m = sub.add_parser("mock-upstream", help="serve the built-in OpenAI-compatible mock")
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--port", type=int, default=9000)
@@ -116,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {
         "serve": _serve,
         "check-config": _check_config,
+        "reload": _reload,
         "mock-upstream": _mock_upstream,
         "hash-key": _hash_key,
         "probe": _probe,
@@ -160,6 +172,41 @@ def _check_config(args: argparse.Namespace) -> int:
             print(line)
         return EXIT_CONFIG
     print(f"{args.path}: valid ({len(cfg.backends)} backends, {len(cfg.routes)} routes)")
+    return 0
+
+
+def _reload(args: argparse.Namespace) -> int:
+    import signal
+
+    config = _load_or_exit(args.config)  # a config that would not load is never signalled
+    pid: int | None = args.pid
+    pid_file = args.pid_file or config.server.pid_file
+    if pid is None and pid_file is None:
+        print(
+            "reload: which gateway? --pid PID, --pid-file PATH, or [server] pid_file",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    if pid is None:
+        assert pid_file is not None
+        try:
+            with open(pid_file, encoding="ascii") as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError) as exc:
+            print(f"reload: cannot read a process id from {pid_file}: {exc}", file=sys.stderr)
+            return 1
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        print(f"reload: no process {pid} (a stale pid file?)", file=sys.stderr)
+        return 1
+    except PermissionError:
+        print(f"reload: not allowed to signal process {pid}", file=sys.stderr)
+        return 1
+    print(
+        f"reload: {config.source} is valid; sent SIGHUP to process {pid}: the gateway logs "
+        "the result and counts it in gateway_config_reloads_total"
+    )
     return 0
 
 

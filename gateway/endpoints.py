@@ -223,6 +223,12 @@ async def healthz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> No
     await plain_json(send, 200, {"status": "ok"})
 
 
+async def starting(scope: Scope, send: Send) -> None:
+    """Before the app is up (and while it stops): ``/healthz`` is 200, every other path 503."""
+    status = 200 if scope["path"] == "/healthz" else 503
+    await plain_json(send, status, {"status": "starting"})
+
+
 async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
     body: dict[str, Any] = {
         "status": "ready",
@@ -236,6 +242,9 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
         # where response id -> backend lives (docs/spec.md §22): memory | redis:<state>
         "responses": rt.ownership.state(),
     }
+    sign_ins = rt.auth.sign_ins
+    if sign_ins is not None:  # each issuer's JWK Set (docs/spec.md §29): never a reason either
+        body["sign_in"] = {ks.url: ks.state() for ks in sign_ins.key_sets()}
     await plain_json(send, 200, body)
 
 

@@ -76,6 +76,8 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     # MCP through the gateway (docs/spec.md §23)
     "gateway_mcp_requests_total": ("counter", frozenset({"server", "method", "tool", "status"})),
     "gateway_mcp_request_duration_seconds": ("histogram", frozenset({"server", "method"})),
+    # config reloads (docs/spec.md §29)
+    "gateway_config_reloads_total": ("counter", frozenset({"result"})),
     # A2A through the gateway (docs/spec.md §30)
     "gateway_a2a_requests_total": ("counter", frozenset({"agent", "method", "status"})),
     "gateway_a2a_request_duration_seconds": ("histogram", frozenset({"agent", "method"})),

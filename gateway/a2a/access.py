@@ -44,7 +44,7 @@ class AgentAccess:
         self.keys_on = config.auth.mode == "keys"
         tenants = {t.name: t for t in config.auth.tenants}
         self._grants: dict[str, AgentGrant] = {}
-        for k in config.auth.keys:
+        for k in config.auth.policies():  # the keys, and the sign-in grants (docs/spec.md §29)
             lists: list[Sequence[str]] = [k.agents]
             t = tenants.get(k.tenant)
             if t is not None and t.agents is not None:

@@ -198,23 +198,24 @@ def _public(ctx: Any) -> str:
 
 class A2aEndpoints:
     """The app's ``/a2a`` endpoints (none without ``[[agents]]``): one :class:`A2aGateway` per
-    runtime, made by its first A2A request, closed with the app."""
+    runtime snapshot, made by its first A2A request and closed when the snapshot is retired
+    (docs/spec.md §29), the last ones with the app."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self._gw: A2aGateway | None = None
+        self._gw: dict[int, A2aGateway] = {}
 
-    @property
-    def on(self) -> bool:
-        return bool(self.config.agents)
-
-    def endpoints(self) -> dict[str, Endpoint]:
-        if not self.config.agents:
+    def endpoints(self, config: Config | None = None) -> dict[str, Endpoint]:
+        """Path -> endpoint; ``PREFIX`` itself names the HTTP+JSON binding of the paths
+        under it (the app's dispatch falls back to it there)."""
+        agents = (config or self.config).agents
+        if not agents:
             return {}
         table: dict[str, Endpoint] = {"/a2a": partial(self._call, "list", None)}
-        for agent in self.config.agents:
+        for agent in agents:
             table[f"{PREFIX}{agent.name}"] = partial(self._call, "rpc", agent.name)
             table[f"{PREFIX}{agent.name}{WELL_KNOWN}"] = partial(self._call, "card", agent.name)
+        table[PREFIX] = self.rest
         return table
 
     async def rest(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
@@ -225,17 +226,20 @@ class A2aEndpoints:
     async def _call(
         self, kind: str, agent: str | None, rt: Runtime, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        gw = self._gw
-        if gw is None or gw.rt is not rt:
-            if gw is not None:
-                await gw.aclose()
-            gw = self._gw = A2aGateway(rt)
+        gw = self._gw.get(id(rt))
+        if gw is None:
+            gw = self._gw[id(rt)] = A2aGateway(rt)
+            rt.closers.append(partial(self._forget, id(rt)))
         await gw(kind, agent, scope, receive, send)
 
-    async def aclose(self) -> None:
-        gw, self._gw = self._gw, None
+    async def _forget(self, key: int) -> None:
+        gw = self._gw.pop(key, None)
         if gw is not None:
             await gw.aclose()
+
+    async def aclose(self) -> None:
+        for key in list(self._gw):
+            await self._forget(key)
 
 
 __all__ = ["A2aEndpoints", "A2aGateway"]

@@ -21,6 +21,7 @@ from gateway.config.accounts import AuthConfig, AuthKeyConfig, PriceConfig, Tena
 from gateway.config.agents import AgentConfig
 from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
+from gateway.config.identities import ASYMMETRIC, JwtGrantConfig, JwtIssuerConfig
 from gateway.config.key_paths import ConfigError
 from gateway.config.listening import EdgeConfig, EdgeHopConfig, ServerConfig
 from gateway.config.loader import (
@@ -35,6 +36,7 @@ from gateway.config.overrides import ENV_PREFIX
 from gateway.config.root import Config
 
 __all__ = [
+    "ASYMMETRIC",
     "CONFIG_ENV",
     "ENV_PREFIX",
     "AgentConfig",
@@ -46,6 +48,8 @@ __all__ = [
     "ConfigError",
     "EdgeConfig",
     "EdgeHopConfig",
+    "JwtGrantConfig",
+    "JwtIssuerConfig",
     "LoggingConfig",
     "McpServerConfig",
     "MetricsConfig",

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
+
+from gateway.config.identities import JwtGrantConfig, JwtIssuerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,33 @@ class AuthConfig:
     timeout_ms: float = 50.0
     keys: tuple[AuthKeyConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
+    #: sign-in identities: issuers whose bearer JWTs are accepted (docs/spec.md §29)
+    jwt: tuple[JwtIssuerConfig, ...] = ()
+
+    def policies(self) -> tuple[AuthKeyConfig, ...]:
+        """Every key policy: the ``[[auth.keys]]``, then each ``[[auth.jwt.grants]]`` entry as
+        the key its subjects hold (:func:`grant_key`) — what the grants of MCP servers and
+        unmodelled paths are read from, by the policy's digest."""
+        return self.keys + tuple(grant_key(j, g) for j in self.jwt for g in j.grants)
+
+
+def grant_key(issuer: JwtIssuerConfig, grant: JwtGrantConfig) -> AuthKeyConfig:
+    """A grant as a key policy (docs/spec.md §29): no secret hashes to its digest, which only
+    names the policy (a subject's own limits and budget are named apart, per subject)."""
+    name = f"jwt grant\0{issuer.issuer}\0{grant.tenant}".encode()
+    return AuthKeyConfig(
+        tenant=grant.tenant,
+        sha256=hashlib.sha256(name).hexdigest(),
+        models=grant.models,
+        rpm=grant.rpm,
+        tpm=grant.tpm,
+        budget_usd=grant.subject_budget_usd,
+        budget_period=grant.subject_budget_period,
+        mcp_servers=grant.mcp_servers,
+        mcp_tools=grant.mcp_tools,
+        passthrough=grant.passthrough,
+        agents=grant.agents,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,4 +111,4 @@ class PriceConfig:
     batch_discount: float = 0.5
 
 
-__all__ = ["AuthConfig", "AuthKeyConfig", "PriceConfig", "TenantConfig"]
+__all__ = ["AuthConfig", "AuthKeyConfig", "PriceConfig", "TenantConfig", "grant_key"]

@@ -11,6 +11,7 @@ from gateway.config.accounts import AuthConfig, PriceConfig
 from gateway.config.agents import check_agents
 from gateway.config.backends import BackendConfig, RouteConfig, split_url
 from gateway.config.features import CacheConfig, McpServerConfig
+from gateway.config.identities import check_jwt
 from gateway.config.key_paths import KeyPathErrors
 from gateway.config.listening import EdgeConfig, ServerConfig
 from gateway.config.observability import TracingConfig, UiConfig
@@ -198,8 +199,8 @@ def _check_auth(a: AuthConfig, err: KeyPathErrors) -> None:
         if parts is None or parts.scheme not in ("redis", "rediss", "unix"):
             err("auth.redis_url", f"scheme must be redis, rediss or unix, got {a.redis_url!r}")
     err.positive(a, "auth", "timeout_ms")
-    if a.mode == "keys" and not a.keys:
-        err("auth.keys", "mode = 'keys' needs at least one [[auth.keys]] entry")
+    if a.mode == "keys" and not a.keys and not a.jwt:
+        err("auth.keys", "mode = 'keys' needs at least one [[auth.keys]] or [[auth.jwt]] entry")
     digests: set[str] = set()
     for i, k in enumerate(a.keys):
         p = f"auth.keys[{i}]"
@@ -221,6 +222,7 @@ def _check_auth(a: AuthConfig, err: KeyPathErrors) -> None:
             err(f"{p}.budget_usd", "must be > 0")
         _check_passthrough(k.passthrough, f"{p}.passthrough", err)
     _check_tenants(a, err)
+    check_jwt(a.jwt, err)
 
 
 def _check_passthrough(globs: tuple[str, ...] | None, p: str, err: KeyPathErrors) -> None:

@@ -25,6 +25,8 @@ class ServerConfig:
     #: browser origins whose requests are served (docs/spec.md §25); unset: the gateway's own
     #: origin and loopback origins on any port, which every list allows too; "*": all (unsafe)
     allowed_origins: tuple[str, ...] | None = None
+    #: where ``gateway serve`` writes its process id, for ``gateway reload`` (docs/spec.md §29)
+    pid_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

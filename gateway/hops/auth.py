@@ -71,6 +71,7 @@ from gateway.config import AuthConfig, AuthKeyConfig, Config, TenantConfig
 from gateway.context import Call, RequestContext
 from gateway.errors import Forbidden, RateLimited, Unauthorized
 from gateway.hops.ownership import response_path_id
+from gateway.identities import KeySets, SignIns, Subject, looks_like_jwt
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
 from gateway.store.connect import shared_redis
@@ -166,6 +167,7 @@ class Auth:
         cfg: AuthConfig | None = None,
         limits: Limits | None = None,
         prices: Prices | None = None,
+        key_sets: KeySets | None = None,
     ) -> None:
         cfg = cfg or AuthConfig()
         self.mode = cfg.mode
@@ -185,6 +187,15 @@ class Auth:
             entry = KeyEntry(k, self.tenant_budgets.get(k.tenant))
             self._keys[entry.digest] = entry
         self.limits: Limits = limits if limits is not None else MemoryLimits()
+        #: bearer JWTs of the ``[[auth.jwt]]`` issuers (docs/spec.md §29; None: none listed)
+        self.sign_ins: SignIns[KeyEntry] | None = None
+        if cfg.jwt:
+            self.sign_ins = SignIns(cfg.jwt, key_sets or KeySets(), self._subject_entry)
+        self._subjects_metered = any(
+            g.tpm or g.subject_budget_usd or g.tenant in self.tenant_budgets
+            for j in cfg.jwt
+            for g in j.grants
+        )
         #: background settlements (Redis) still running; kept so they are not garbage-collected
         self._pending: set[asyncio.Task[None]] = set()
         self._unchecked = False
@@ -197,7 +208,7 @@ class Auth:
     @property
     def debits(self) -> bool:
         """Whether any key reserves (tpm, budgets): the request's end then settles its usage."""
-        return any(k.metered for k in self._keys.values())
+        return self._subjects_metered or any(k.metered for k in self._keys.values())
 
     async def check(self, ctx: RequestContext, passthrough: bool = False) -> None:
         """Identify the caller (401) and check its limits (429): ``ctx.tenant``.
@@ -292,7 +303,9 @@ class Auth:
     def _entry(self, ctx: RequestContext) -> KeyEntry | None:
         """The entry of the key the request was identified by (None: auth off)."""
         key = ctx.limit_key
-        return None if key is None else self._keys[key.digest]
+        if key is None or isinstance(key, KeyEntry):
+            return key
+        return self._keys[key.digest]
 
     def identify(self, credential: bytes | None) -> KeyEntry:
         if not credential:
@@ -304,7 +317,17 @@ class Auth:
         entry = self._keys.get(digest)
         # a second, constant-time comparison of the digests (the dict lookup found a candidate)
         if entry is None or not hmac.compare_digest(entry.digest, digest):
+            if self.sign_ins is not None and looks_like_jwt(credential):
+                return self.sign_ins.identify(credential, digest)  # docs/spec.md §29
             raise Unauthorized("the API key is not valid for this gateway", code="invalid_api_key")
+        return entry
+
+    def _subject_entry(self, subject: Subject) -> KeyEntry:
+        """A signed-in subject as a key entry: its grant's models and limits, its own rpm, tpm
+        and budget (named by its own digest), its tenant's budget; found by its grant's digest
+        for the grants of MCP servers and unmodelled paths (docs/spec.md §29)."""
+        entry = KeyEntry(subject.policy, self.tenant_budgets.get(subject.policy.tenant))
+        entry.digest = subject.grant_digest
         return entry
 
     def finished(self, ctx: RequestContext, _edges: object = None) -> None:
@@ -357,9 +380,13 @@ class Auth:
                 keys.append({"tenant": tenant, "key": key, **row})
         return {"shared": shared, "fallback": self.fallback, "tenants": tenants, "keys": keys}
 
-    async def aclose(self) -> None:
+    async def drain(self) -> None:
+        """Wait (a while) for the settlements still running."""
         if self._pending:
             await asyncio.wait(self._pending, timeout=1.0)
+
+    async def aclose(self) -> None:
+        await self.drain()
         await self.limits.aclose()
 
 
@@ -482,22 +509,42 @@ def _over_budget(v: Verdict, headers: list[tuple[bytes, bytes]], reserve: int) -
     return refused
 
 
-def build_auth(config: Config, environ: Mapping[str, str] | None = None) -> Auth:
-    """The hop for a config: limits in Redis when one is named (``auth.redis_url``, else the
-    ``[cache]`` Redis), else per process. Each limiter command waits at most
-    ``auth.timeout_ms``, whichever Redis it is."""
+def build_auth(
+    config: Config,
+    environ: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+    key_sets: KeySets | None = None,
+) -> Auth:
+    """The hop for a config: ``limits`` when given (the process's, kept across reloads), else
+    :func:`build_limits`; the JWK Sets of ``[[auth.jwt]]`` from ``key_sets``."""
     cfg = config.auth
     prices = Prices(config.prices)
     if cfg.mode == "off":
         return Auth(cfg, prices=prices)
-    budgets = any(k.budget_usd for k in cfg.keys) or any(t.budget_usd for t in cfg.tenants)
-    if not budgets and not any(k.rpm or k.tpm for k in cfg.keys):
-        return Auth(cfg, prices=prices)
+    if limits is None:
+        limits = build_limits(config, environ)
+    return Auth(cfg, limits, prices, key_sets)
+
+
+def limited(config: Config) -> bool:
+    """Whether any key or grant has rpm, tpm or a budget, or any tenant a budget."""
+    policies = config.auth.policies()
+    return any(t.budget_usd for t in config.auth.tenants) or any(
+        k.budget_usd or k.rpm or k.tpm for k in policies
+    )
+
+
+def build_limits(config: Config, environ: Mapping[str, str] | None = None) -> Limits | None:
+    """Limits in Redis when some are set and a Redis is named (``auth.redis_url``, else the
+    ``[cache]`` Redis), else per process (None). Each limiter command waits at most
+    ``auth.timeout_ms``, whichever Redis it is."""
+    cfg = config.auth
+    if cfg.mode == "off" or not limited(config):
+        return None
     redis = shared_redis(config, environ)
     if redis is None:
-        return Auth(cfg, prices=prices)
-    limits = RedisLimits(redis.url, cfg.timeout_ms, password=redis.password, cluster=redis.cluster)
-    return Auth(cfg, limits, prices)
+        return None
+    return RedisLimits(redis.url, cfg.timeout_ms, password=redis.password, cluster=redis.cluster)
 
 
-__all__ = ["Auth", "BudgetExceeded", "KeyEntry", "build_auth", "used"]
+__all__ = ["Auth", "BudgetExceeded", "KeyEntry", "build_auth", "build_limits", "limited", "used"]

@@ -164,6 +164,11 @@ class Ownership:
         self.local = local if local is not None else MemoryKV(LOCAL_MAX_ENTRIES)
         self.shared = shared
 
+    def for_backends(self, backends: Mapping[str, Backend]) -> Ownership:
+        """The same stores naming the backends of a reloaded config (docs/spec.md §29): an id
+        whose backend is gone is routed by its model."""
+        return Ownership(backends, self.shared, self.local)
+
     async def owner(self, response_id: object, tenant: str | None = None) -> Backend | None:
         """The backend that made ``response_id`` (None: unknown, expired, not a usable id, or
         the shared store could not answer). Raises :class:`NotFound` when another tenant made

@@ -29,7 +29,7 @@ class Passthrough:
     def __init__(self, auth: AuthConfig) -> None:
         tenants = {t.name: t for t in auth.tenants}
         self._grants: dict[bytes, Grant] = {}
-        for k in auth.keys:
+        for k in auth.policies():  # the keys, and the sign-in grants (docs/spec.md §29)
             own = k.passthrough
             if own is None:
                 own = ADMIN_DEFAULT if k.admin else ()

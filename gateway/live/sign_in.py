@@ -108,6 +108,16 @@ class SignInTokens:
         )
         return _b64(hmac.new(self._secret, message, hashlib.sha256).digest())
 
+    def knows(self, digest: bytes) -> bool:
+        """Whether ``digest`` is a configured key's (a session is signed for those only)."""
+        return digest in self._index
+
+    def use_keys(self, keys: Sequence[AuthKeyConfig]) -> None:
+        """The keys of a reloaded config: a token stays valid only while the entry it was
+        signed for is the same key, still admin (its digest is in the MAC); sign-outs kept."""
+        self._entries = [(k.sha256.lower(), k.admin) for k in keys]
+        self._index = {bytes.fromhex(digest): i for i, (digest, _) in enumerate(self._entries)}
+
     def issue(self, digest: bytes) -> str:
         """A token for the admin key entry whose sha256 is ``digest`` (the key was checked)."""
         entry = self._index[digest]

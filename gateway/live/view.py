@@ -346,7 +346,14 @@ class LiveView:
                     raise Unauthorized(
                         "send the key as Authorization: Bearer <key>", code="missing_api_key"
                     )
-                token = self.sessions.issue(self.admin_key(rt, ctx.credential).digest)
+                digest = self.admin_key(rt, ctx.credential).digest
+                if not self.sessions.knows(digest):  # a sign-in identity (docs/spec.md §29)
+                    raise Forbidden(
+                        "a live-view session is signed in with an admin key; send a bearer "
+                        "token as Authorization: Bearer with each request instead",
+                        code="admin_key_required",
+                    )
+                token = self.sessions.issue(digest)
                 age = self.sessions.ttl_s
                 cookies.append(f"{COOKIE}={token}; Max-Age={age}{self._cookie_attrs}{secure}")
         except GatewayError as exc:

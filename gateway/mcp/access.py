@@ -44,6 +44,11 @@ class Grant:
         self.tools = tools
         self._memo: dict[tuple[str, str | None], bool] = {}
 
+    def owned_by(self, owner: str) -> Grant:
+        """The same grant for another owner: a signed-in subject holds its grant's policy, and
+        its MCP sessions are its own (docs/spec.md §29)."""
+        return self if owner == self.owner else Grant(owner, self.servers, self.tools)
+
     def server(self, name: str) -> bool:
         return self.tool(name, None)
 
@@ -70,7 +75,7 @@ class Access:
         self.keys_on = config.auth.mode == "keys"
         tenants = {t.name: t for t in config.auth.tenants}
         self._grants: dict[str, Grant] = {}
-        for k in config.auth.keys:
+        for k in config.auth.policies():  # the keys, and the sign-in grants (docs/spec.md §29)
             servers: list[Sequence[str]] = [k.mcp_servers]
             tools: list[Sequence[str]] = [k.mcp_tools]
             t = tenants.get(k.tenant)

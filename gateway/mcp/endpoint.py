@@ -22,6 +22,7 @@ from gateway.config import Config
 from gateway.errors import ClientGone, Forbidden, GatewayError, MethodNotAllowed
 from gateway.mcp import aggregate, forward
 from gateway.mcp.hub import Hub, McpRequest, Rejected
+from gateway.mcp.sessions import Sessions, build_sessions
 from gateway.memo import remember
 from gateway.runtime import Endpoint, Runtime
 from gateway.types import Receive, Scope, Send
@@ -41,9 +42,9 @@ MAX_TOOL_LABELS = 500
 
 
 class McpGateway:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, sessions: Sessions | None = None) -> None:
         self.rt = rt
-        self.hub = Hub(rt)
+        self.hub = Hub(rt, sessions=sessions)
         metrics = rt.telemetry.metrics
         self._metrics = metrics.mcp if metrics is not None else None
         self._tools: dict[tuple[str, str], bool] = {}
@@ -123,34 +124,46 @@ class McpGateway:
 
 class McpEndpoints:
     """The app's ``/mcp`` and ``/mcp/{server}`` endpoints (none without ``[[mcp_servers]]``):
-    one :class:`McpGateway` per runtime, made by its first MCP request, closed with the app."""
+    one :class:`McpGateway` per runtime snapshot, made by its first MCP request and closed
+    when the snapshot is retired (docs/spec.md §29); the client sessions are the app's, kept
+    across reloads, closed with the app."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self._mcp: McpGateway | None = None
+        self._mcp: dict[int, McpGateway] = {}
+        self._sessions: Sessions | None = None
 
-    def endpoints(self) -> dict[str, Endpoint]:
-        if not self.config.mcp_servers:
+    def endpoints(self, config: Config | None = None) -> dict[str, Endpoint]:
+        servers = (config or self.config).mcp_servers
+        if not servers:
             return {}
         table: dict[str, Endpoint] = {"/mcp": partial(self._call, None)}
-        for server in self.config.mcp_servers:
+        for server in servers:
             table[f"/mcp/{server.name}"] = partial(self._call, server.name)
         return table
 
     async def _call(
         self, server: str | None, rt: Runtime, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        mcp = self._mcp
-        if mcp is None or mcp.rt is not rt:
-            if mcp is not None:
-                await mcp.aclose()
-            mcp = self._mcp = McpGateway(rt)
+        mcp = self._mcp.get(id(rt))
+        if mcp is None:
+            if self._sessions is None:
+                self._sessions = build_sessions(rt.config)
+            mcp = self._mcp[id(rt)] = McpGateway(rt, self._sessions)
+            rt.closers.append(partial(self._forget, id(rt)))
         await mcp(server, scope, receive, send)
 
-    async def aclose(self) -> None:
-        mcp, self._mcp = self._mcp, None
+    async def _forget(self, key: int) -> None:
+        mcp = self._mcp.pop(key, None)
         if mcp is not None:
             await mcp.aclose()
+
+    async def aclose(self) -> None:
+        for key in list(self._mcp):
+            await self._forget(key)
+        sessions, self._sessions = self._sessions, None
+        if sessions is not None:
+            await sessions.aclose()
 
 
 __all__ = ["McpEndpoints", "McpGateway"]

@@ -145,12 +145,19 @@ def _malformed(msg: dict[str, Any]) -> str | None:
 class Hub:
     """The MCP side of one runtime."""
 
-    def __init__(self, rt: Runtime, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        environ: Mapping[str, str] | None = None,
+        sessions: Sessions | None = None,
+    ) -> None:
         env = os.environ if environ is None else environ
         self.rt = rt
         self.upstreams = {c.name: McpUpstream(c, env) for c in rt.config.mcp_servers}
         self.access = Access(rt.config)
-        self.sessions: Sessions = build_sessions(rt.config, env)
+        #: the client sessions: the app's (they outlive a config reload), else this hub's own
+        self._own_sessions = sessions is None
+        self.sessions: Sessions = build_sessions(rt.config, env) if sessions is None else sessions
         self.tracing = rt.tracing
         #: origins /mcp accepts: those every server lists
         lists = [set(c.allowed_origins) for c in rt.config.mcp_servers]
@@ -186,7 +193,7 @@ class Hub:
         if auth.mode != "off":
             entry: KeyEntry = auth.identify(ctx.credential)
             ctx.tenant, ctx.admin, ctx.limit_key = entry.tenant, entry.admin, entry
-            grant = self.access.grant(entry.digest.hex())
+            grant = self.access.grant(entry.digest.hex()).owned_by(entry.limit_id)
         ctx.timeline.auth_done = time.perf_counter()
         return grant
 
@@ -250,7 +257,8 @@ class Hub:
     async def aclose(self) -> None:
         for up in self.upstreams.values():
             await up.aclose()
-        await self.sessions.aclose()
+        if self._own_sessions:
+            await self.sessions.aclose()
 
 
 __all__ = ["NO_STREAM_HEADERS", "Hub", "McpRequest", "Rejected", "kind", "parse"]

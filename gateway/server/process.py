@@ -35,11 +35,14 @@ What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, 
   shutdown (pools closed, spans flushed), exit 0 — a Kubernetes rollout logs a pod stop as a
   success. SIGINT drains the same way and then ends the process by SIGINT (the shell's
   convention for Ctrl+C); a second SIGINT during the drain cancels what is left at once.
+- SIGHUP runs the reload hooks (:func:`on_reload`), one after the other, on the loop: the
+  config file read again (docs/spec.md §29); no connection is touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -52,7 +55,7 @@ from typing import Any
 
 from gateway.config import Config, is_loopback
 from gateway.server.connections import protocol_factory
-from gateway.server.state import ServerState, date_line, server_state
+from gateway.server.state import ServerState, date_line, origin_policy, server_state
 from gateway.server.supervisor import STARTUP_FAILURE, Supervisor
 from gateway.types import ASGIApp
 
@@ -153,6 +156,8 @@ class Server:
         self._stop_early = False
         self._forced = False
         self._clock: asyncio.TimerHandle | None = None
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
 
     @property
     def interrupted(self) -> bool:
@@ -245,7 +250,27 @@ class Server:
         handled: list[int] = [signal.SIGTERM, signal.SIGINT]
         for sig in handled:
             loop.add_signal_handler(sig, self._on_signal, sig)
-        return handled
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        return [*handled, signal.SIGHUP]
+
+    def reload(self) -> None:
+        """SIGHUP: run the reload hooks (a reload asked while one runs runs once more after)."""
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        assert self._loop is not None
+        self._reloading = self._loop.create_task(self._run_reload_hooks())
+
+    async def _run_reload_hooks(self) -> None:
+        while True:
+            self._reload_again = False
+            for hook in list(self.state.reload_hooks):
+                try:
+                    await hook()
+                except Exception:
+                    log.exception("gateway: a reload hook failed")
+            if not self._reload_again:
+                return
 
     def _on_signal(self, sig: int) -> None:
         assert self._stop is not None
@@ -259,6 +284,32 @@ class Server:
         assert self._loop is not None and self._stop is not None and self.parent_fd is not None
         self._loop.remove_reader(self.parent_fd)
         self._stop.set()
+
+
+def on_reload(state: ServerState, app: Any) -> None:
+    """The one place SIGHUP's work is registered (docs/spec.md §29): the app re-reads its
+    config file; the Origin policy follows the MCP servers it now lists. Whatever else re-reads
+    something on SIGHUP adds its hook to ``state.reload_hooks`` here."""
+
+    async def reload_config() -> None:
+        if await app.reload():
+            state.origins = origin_policy(app.config)
+
+    state.reload_hooks.append(reload_config)
+
+
+def write_pid_file(path: str | None) -> Callable[[], None]:
+    """``[server] pid_file``: this process's id, for ``gateway reload``; what removes it."""
+    if path is None:
+        return lambda: None
+    with open(path, "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()}\n")
+    return lambda: _remove(path)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def end_by_sigint() -> None:
@@ -338,6 +389,7 @@ def serve(config: Config) -> int:
     use, not this machine's, a privileged port) is one line naming it and exit status
     :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
     server = config.server
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the server's handler: never a stop
     configure_logging(config)
     warning = exposure_warning(config)
     if warning is not None:
@@ -349,16 +401,22 @@ def serve(config: Config) -> int:
         reason = (exc.strerror or str(exc)).lower()
         log.error(f"gateway: cannot listen on {address}: {reason}")
         return STARTUP_FAILURE
+    remove_pid_file = write_pid_file(server.pid_file)
     with sock:
         log.info(f"gateway: serving on http://{address} (config: {config.source})")
         log.info(live_view_line(config, address))
-        if server.workers > 1:
-            return Supervisor(sock, server.workers).run()
-        from gateway.app import Gateway
+        try:
+            if server.workers > 1:
+                return Supervisor(sock, server.workers).run()
+            from gateway.app import Gateway
 
-        state = server_state(config, Gateway(config), freeze_gc=True)
-        runner = Server(state, sock, server.shutdown_grace_s)
-        status = runner.run()
+            app = Gateway(config)
+            state = server_state(config, app, freeze_gc=True)
+            on_reload(state, app)
+            runner = Server(state, sock, server.shutdown_grace_s)
+            status = runner.run()
+        finally:
+            remove_pid_file()
     if runner.interrupted:
         end_by_sigint()
     return status
@@ -374,5 +432,7 @@ __all__ = [
     "end_by_sigint",
     "exposure_warning",
     "live_view_line",
+    "on_reload",
     "serve",
+    "write_pid_file",
 ]

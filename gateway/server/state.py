@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Protocol
@@ -91,6 +92,8 @@ class ServerState:
         self.tasks: set[asyncio.Task[None]] = set()
         self.total_requests = 0
         self.date = date_line()
+        #: what SIGHUP runs, one after the other (:func:`gateway.server.process.on_reload`)
+        self.reload_hooks: list[Callable[[], Awaitable[None]]] = []
 
 
 def server_state(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> ServerState:

@@ -15,6 +15,9 @@ one of the workers accepting on it.
 - a worker whose app could not start (exit status 3) stops them all: a startup that failed once
   fails again. A worker that ends otherwise while nothing asked it to (killed, crashed) is
   replaced by a new one.
+- SIGHUP is passed on to every worker: each reads the config file again (docs/spec.md §29).
+  A worker starts with SIGHUP ignored until its server handles it, so one that is starting
+  is never stopped by it (it reads the file as it starts).
 - the workers hold the read end of a pipe whose write end only the parent holds: if the parent
   is killed outright (SIGKILL), the pipe closes and each worker drains and exits on its own.
 """
@@ -59,6 +62,7 @@ class Supervisor:
 
         handled = (signal.SIGTERM, signal.SIGINT)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_reload)
         # the workers' metrics snapshots, merged by whichever worker answers /metrics
         with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
             os.environ[METRICS_DIR_ENV] = shared
@@ -80,6 +84,7 @@ class Supervisor:
         worker = subprocess.Popen(
             [*self.command, "--listen-fd", str(listen), "--parent-fd", str(parent)],
             pass_fds=(listen, parent),
+            preexec_fn=_ignore_sighup,  # the supervisor runs no thread: fork-safe here
         )
         self.workers.append(worker)
         if self.stopping:  # a signal came while it was being started
@@ -109,6 +114,14 @@ class Supervisor:
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         self._stop(sig)
 
+    def _on_reload(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            return
+        log.info(f"gateway: SIGHUP: each of the {len(self.workers)} workers reads the config")
+        for worker in list(self.workers):
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGHUP)
+
     def _stop(self, sig: int) -> None:
         first = not self.stopping
         self.stopping = True
@@ -118,6 +131,10 @@ class Supervisor:
         for worker in list(self.workers):
             if worker.poll() is None:
                 worker.send_signal(forward)
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 __all__ = ["POLL_S", "STARTUP_FAILURE", "Supervisor"]

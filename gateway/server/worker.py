@@ -15,7 +15,7 @@ import logging
 import socket
 from collections.abc import Sequence
 
-from gateway.server.process import Server, configure_logging, end_by_sigint
+from gateway.server.process import Server, configure_logging, end_by_sigint, on_reload
 from gateway.server.state import server_state
 from gateway.server.supervisor import STARTUP_FAILURE
 
@@ -33,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = load_config()
         configure_logging(config)
-        state = server_state(config, Gateway(config), freeze_gc=True)
+        app = Gateway(config)
+        state = server_state(config, app, freeze_gc=True)
+        on_reload(state, app)  # SIGHUP, forwarded by the supervisor (docs/spec.md §29)
     except Exception:
         log.exception("gateway: a worker could not start")
         return STARTUP_FAILURE

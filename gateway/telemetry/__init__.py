@@ -31,6 +31,7 @@ class Telemetry:
         access_log: AccessLog,
         sinks: Sequence[Sink] = (),
         metrics: Metrics | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self.tracing = tracing
         self.access_log = access_log
@@ -41,9 +42,14 @@ class Telemetry:
         self._traced = tracing.enabled
         self._capture = tracing.capture_content
         #: the event loop's lag, for the metric and the root span (None: neither is on)
-        self.loop_lag: LoopLag | None = None
-        if metrics is not None or self._traced:
+        self.loop_lag: LoopLag | None = loop_lag
+        if loop_lag is None and (metrics is not None or self._traced):
             self.loop_lag = LoopLag(metrics.loop_lag if metrics is not None else None)
+
+    def with_sinks(self, sinks: Sequence[Sink]) -> Telemetry:
+        """The same tracing, access log, metrics and lag monitor, telling other sinks (a
+        reloaded config's, docs/spec.md §29)."""
+        return Telemetry(self.tracing, self.access_log, sinks, self.metrics, self.loop_lag)
 
     def start(self) -> None:
         """Background work on the running loop: the lag monitor."""

@@ -70,6 +70,22 @@ def test_a_token_names_no_key_and_expires():
     assert s.check(token) is None
 
 
+def test_a_reload_keeps_a_session_only_while_its_key_is_the_same_admin():
+    """``use_keys`` (a config reload, docs/spec.md §29): a token names its entry by index and
+    MACs the entry's digest, so it holds while that entry is the same admin key, and no
+    longer once the key is gone, moved, or no longer admin."""
+    s = sessions()
+    token = token_for(ADMIN_KEY, s)
+    s.use_keys((*KEYS, AuthKeyConfig(tenant="new", sha256=digest("sk-new"))))
+    assert s.check(token) == 0
+    s.use_keys(tuple(reversed(KEYS)))  # another key at its index
+    assert s.check(token) is None
+    s.use_keys((AuthKeyConfig(tenant="ops", sha256=digest(ADMIN_KEY)),))  # admin no more
+    assert s.check(token) is None
+    s.use_keys(KEYS[1:])
+    assert s.check(token) is None and not s.knows(bytes.fromhex(digest(ADMIN_KEY)))
+
+
 def test_forged_tampered_and_foreign_tokens_are_refused():
     s = sessions(clock=Clock())
     token = token_for(ADMIN_KEY, s)

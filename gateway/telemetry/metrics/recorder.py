@@ -99,12 +99,7 @@ class Metrics:
             FINE_BUCKETS,
         )
         self.histograms = (*self.histograms, self.loop_lag)
-        #: route name -> its literal (glob-free) model patterns
-        self._literal = {
-            name: frozenset(p for p in patterns if not set(p) & set("*?["))
-            for name, patterns in route_patterns.items()
-        }
-        self._patterns = route_patterns
+        self.use_routes(route_patterns)
         self._models: set[str] = set()
         #: (route, model, answered model, status, backend, cache, cache error, tenant) -> rows
         self._plans: dict[tuple[Any, ...], _Plan] = {}
@@ -127,6 +122,23 @@ class Metrics:
         self.objects = ObjectMetrics()
         self.counters = (*self.counters, self.objects.bytes)
         self.histograms = (*self.histograms, self.objects.duration)
+        self._reload_counter()
+
+    def _reload_counter(self) -> None:
+        #: config reloads (docs/spec.md §29), per process: result "ok" or "error"
+        self.reloads = Counter("gateway_config_reloads", "Config reloads", ("result",))
+        self.reloads.values.update({("ok",): 0.0, ("error",): 0.0})  # scraped from the start
+        self.counters = (*self.counters, self.reloads)
+
+    def use_routes(self, route_patterns: Mapping[str, tuple[str, ...]]) -> None:
+        """The routes (of the config, and of each reload): the labels they give."""
+        #: route name -> its literal (glob-free) model patterns
+        self._literal = {
+            name: frozenset(p for p in patterns if not set(p) & set("*?["))
+            for name, patterns in route_patterns.items()
+        }
+        self._patterns = route_patterns
+        self._plans = {}
 
     def _latency_histograms(self) -> None:
         self.request_duration = Histogram(
