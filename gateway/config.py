@@ -43,6 +43,53 @@ class ConfigError(Exception):
 # ---------------------------------------------------------------- sections
 
 
+# ---- [server.tls], [server.http2] and [server] h2c: TLS and HTTP/2 at the edge (docs/spec.md §27)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """``[server.tls]``: the gateway serves TLS on its port (ALPN ``h2``, ``http/1.1``)."""
+
+    #: the certificate chain (PEM, the server's certificate first) and its private key; both
+    #: re-read on SIGHUP without dropping a connection
+    cert_file: str
+    key_file: str
+    #: mutual TLS: a client must present a certificate signed by one of these CAs (PEM)
+    client_ca_file: str | None = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+
+@dataclass(frozen=True, slots=True)
+class Http2Config:
+    """``[server.http2]``: HTTP/2 over TLS (by ALPN) and, with ``[server] h2c``, in clear; the
+    limits that keep one connection from costing the gateway more than its requests do."""
+
+    #: offer h2 by ALPN (false: TLS clients get HTTP/1.1 only, and h2c is refused)
+    enabled: bool = True
+    #: SETTINGS_MAX_CONCURRENT_STREAMS; a stream whose request still runs counts, reset or not
+    max_concurrent_streams: int = 100
+    #: SETTINGS_MAX_HEADER_LIST_SIZE: names + values + 32 octets per field (RFC 9113 §6.5.2)
+    max_header_list_bytes: int = 64 * 1024
+    #: header fields per request (pseudo-headers included) -> 431
+    max_headers: int = 100
+    #: CONTINUATION frames after one HEADERS frame
+    max_continuation_frames: int = 16
+    #: streams one connection may open; then GOAWAY, and the client opens another connection
+    max_requests_per_connection: int = 10_000
+    #: a connection with no stream open this long is closed with GOAWAY
+    idle_timeout_s: float = 60.0
+    #: an answer that waits this long at a zero flow-control window is reset (its request: 499)
+    stalled_stream_timeout_s: float = 30.0
+    #: client resets (RST_STREAM, and streams refused) allowed: a bucket of ``reset_burst``
+    #: refilled at ``resets_per_s``; empty -> GOAWAY ENHANCE_YOUR_CALM (CVE-2023-44487)
+    resets_per_s: float = 10.0
+    reset_burst: int = 100
+    #: SETTINGS, PING, PRIORITY, empty DATA, unknown frames and WINDOW_UPDATEs beyond two per
+    #: DATA frame sent: a bucket of ``control_frame_burst`` refilled at ``control_frames_per_s``
+    control_frames_per_s: float = 100.0
+    control_frame_burst: int = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -61,6 +108,11 @@ class ServerConfig:
     #: browser origins whose requests are served (docs/spec.md §25); unset: the gateway's own
     #: origin and loopback origins on any port, which every list allows too; "*": all (unsafe)
     allowed_origins: tuple[str, ...] | None = None
+    #: cleartext HTTP/2 by prior knowledge (the connection preface) beside HTTP/1.1, for load
+    #: balancers that speak h2c to their targets (docs/spec.md §27)
+    h2c: bool = False
+    tls: TlsConfig | None = None
+    http2: Http2Config = field(default_factory=Http2Config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -732,6 +784,29 @@ def _check_server(s: ServerConfig, err: _Errors) -> None:
     err.positive(s, "server", "shutdown_grace_s", allow_zero=True)
     for problem in check_entries(s.allowed_origins or ()):
         err("server.allowed_origins", problem)
+    _check_tls_http2(s, err)
+
+
+def _check_tls_http2(s: ServerConfig, err: _Errors) -> None:
+    """``[server.tls]``, ``[server.http2]``, ``[server] h2c`` (docs/spec.md §27). The files are
+    read when the server starts: a path that cannot be read is its one-line startup error."""
+    if s.tls is not None:
+        for name in ("cert_file", "key_file"):
+            if not getattr(s.tls, name).strip():
+                err(f"server.tls.{name}", "must name a PEM file")
+        if s.tls.client_ca_file is not None and not s.tls.client_ca_file.strip():
+            err("server.tls.client_ca_file", "must name a PEM file (or be left out)")
+    h = s.http2
+    err.positive(h, "server.http2", "max_concurrent_streams", "max_header_list_bytes")
+    err.positive(h, "server.http2", "max_headers", "max_requests_per_connection")
+    err.positive(h, "server.http2", "idle_timeout_s", "stalled_stream_timeout_s")
+    err.positive(h, "server.http2", "resets_per_s", "reset_burst")
+    err.positive(h, "server.http2", "control_frames_per_s", "control_frame_burst")
+    err.positive(h, "server.http2", "max_continuation_frames", allow_zero=True)
+    if h.max_concurrent_streams > 2**31 - 1:
+        err("server.http2.max_concurrent_streams", "must be < 2**31")
+    if s.h2c and not h.enabled:
+        err("server.h2c", "needs [server.http2] enabled = true")
 
 
 def _check_backends(backends: tuple[BackendConfig, ...], err: _Errors) -> set[str]:

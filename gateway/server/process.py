@@ -54,6 +54,7 @@ from gateway.config import Config, is_loopback
 from gateway.server.connections import protocol_factory
 from gateway.server.state import ServerState, date_line, server_state
 from gateway.server.supervisor import STARTUP_FAILURE, Supervisor
+from gateway.server.tls import ServerTls, TlsError
 from gateway.types import ASGIApp
 
 #: the listen backlog (the kernel caps it at net.core.somaxconn)
@@ -199,8 +200,16 @@ class Server:
             return STARTUP_FAILURE
         log.info(f"gateway: application startup complete (process {os.getpid()})")
         if not self._stop.is_set():  # not stopped while it started: listen
+            tls = state.tls
             server = await loop.create_server(
-                protocol_factory(state, loop), sock=self.sock, backlog=BACKLOG
+                protocol_factory(state, loop),
+                sock=self.sock,
+                backlog=BACKLOG,
+                ssl=tls.context if tls is not None else None,
+                # a handshake is part of the head the client owes; a client that never answers
+                # the TLS close is cut as a lingering close is (docs/spec.md §27)
+                ssl_handshake_timeout=state.limits.header_timeout_s if tls is not None else None,
+                ssl_shutdown_timeout=state.limits.linger_s if tls is not None else None,
             )
             self._tick()
             self.started = True
@@ -245,6 +254,9 @@ class Server:
         handled: list[int] = [signal.SIGTERM, signal.SIGINT]
         for sig in handled:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.state.tls is not None:
+            loop.add_signal_handler(signal.SIGHUP, reload_certificates, self.state)
+            handled.append(signal.SIGHUP)
         return handled
 
     def _on_signal(self, sig: int) -> None:
@@ -261,6 +273,21 @@ class Server:
         self._stop.set()
 
 
+def reload_certificates(state: ServerState) -> None:
+    """SIGHUP with ``[server.tls]``: the certificate, its key and the client CA are read again
+    from their files; handshakes from now on get them, connections already open keep theirs
+    (none is dropped). Files that cannot be used leave the old ones in place (docs/spec.md
+    §27)."""
+    tls = state.tls
+    if tls is None:
+        return
+    error = tls.reload()
+    if error is None:
+        log.info(f"gateway: SIGHUP: TLS certificate re-read from {tls.cfg.cert_file}")
+    else:
+        log.error(f"gateway: SIGHUP: the TLS certificate was not replaced: {error}")
+
+
 def end_by_sigint() -> None:
     """End the process by SIGINT (after a drain that SIGINT started): the shell sees Ctrl+C."""
     sys.stdout.flush()
@@ -269,10 +296,20 @@ def end_by_sigint() -> None:
     signal.raise_signal(signal.SIGINT)
 
 
+def serving_line(config: Config, address: str) -> str:
+    """The address served and its protocols: ``https://127.0.0.1:8443 (h2, http/1.1)``."""
+    s = config.server
+    h2 = s.http2.enabled
+    if s.tls is not None:
+        return f"https://{address} ({'h2, ' if h2 else ''}http/1.1)"
+    return f"http://{address} ({'http/1.1, h2c' if s.h2c and h2 else 'http/1.1'})"
+
+
 def live_view_line(config: Config, address: str) -> str:
     """Where the live view is, or why it is off and how to turn it on (docs/spec.md §18)."""
     if config.ui.enabled:
-        return f"gateway: live view on http://{address}{config.ui.path}"
+        scheme = "https" if config.server.tls is not None else "http"
+        return f"gateway: live view on {scheme}://{address}{config.ui.path}"
     return (
         "gateway: live view off (it is on by default only when listening on loopback or with "
         '[auth] mode = "keys"); [ui] enabled = true turns it on'
@@ -343,6 +380,12 @@ def serve(config: Config) -> int:
     if warning is not None:
         log.warning(warning)
     address = _address(server.host, server.port)
+    if server.tls is not None:  # each worker reads the files again: they are checked here once
+        try:
+            ServerTls(server.tls, ())
+        except TlsError as exc:
+            log.error(f"gateway: cannot serve TLS: {exc}")
+            return STARTUP_FAILURE
     try:
         sock = bind(server.host, server.port)
     except OSError as exc:
@@ -350,10 +393,10 @@ def serve(config: Config) -> int:
         log.error(f"gateway: cannot listen on {address}: {reason}")
         return STARTUP_FAILURE
     with sock:
-        log.info(f"gateway: serving on http://{address} (config: {config.source})")
+        log.info(f"gateway: serving on {serving_line(config, address)} (config: {config.source})")
         log.info(live_view_line(config, address))
         if server.workers > 1:
-            return Supervisor(sock, server.workers).run()
+            return Supervisor(sock, server.workers, hup=server.tls is not None).run()
         from gateway.app import Gateway
 
         state = server_state(config, Gateway(config), freeze_gc=True)
@@ -374,5 +417,7 @@ __all__ = [
     "end_by_sigint",
     "exposure_warning",
     "live_view_line",
+    "reload_certificates",
     "serve",
+    "serving_line",
 ]

@@ -12,6 +12,7 @@ one of the workers accepting on it.
   workers too, and one SIGINT plus one SIGTERM is still one drain), waits for them and exits 0
   — or :data:`STARTUP_FAILURE` when a worker could not start. A second SIGINT is passed on as
   SIGINT: the workers cancel what is left.
+- SIGHUP (with ``[server.tls]``): passed on to every worker, which re-reads the certificate.
 - a worker whose app could not start (exit status 3) stops them all: a startup that failed once
   fails again. A worker that ends otherwise while nothing asked it to (killed, crashed) is
   replaced by a new one.
@@ -43,9 +44,18 @@ POLL_S = 0.1
 class Supervisor:
     """The worker processes on one bound socket (see the module)."""
 
-    def __init__(self, sock: socket.socket, workers: int, command: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        workers: int,
+        command: list[str] | None = None,
+        *,
+        hup: bool = False,
+    ) -> None:
         self.sock = sock
         self.count = workers
+        #: SIGHUP is passed on to the workers (they re-read the TLS certificate)
+        self.hup = hup
         #: the worker's command line (tests start a stand-in); the fds are appended to it
         self.command = command or [sys.executable, "-m", "gateway.server.worker"]
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -59,6 +69,8 @@ class Supervisor:
 
         handled = (signal.SIGTERM, signal.SIGINT)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        if self.hup:
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._pass_hup)
         # the workers' metrics snapshots, merged by whichever worker answers /metrics
         with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
             os.environ[METRICS_DIR_ENV] = shared
@@ -108,6 +120,12 @@ class Supervisor:
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         self._stop(sig)
+
+    def _pass_hup(self, sig: int, frame: FrameType | None) -> None:
+        """SIGHUP: each worker re-reads the TLS certificate (docs/spec.md §27)."""
+        for worker in list(self.workers):
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGHUP)
 
     def _stop(self, sig: int) -> None:
         first = not self.stopping

@@ -43,6 +43,7 @@ _ROOT_NAMES = (
     "http.request.method",
     "url.path",
     "url.scheme",
+    "network.protocol.version",
     "http.route",
     "http.response.status_code",
     "client.address",

@@ -1,0 +1,315 @@
+"""The gateway's HTTP/2 server protocol (RFC 9113): an asyncio protocol on the sans-I/O ``h2``
+state machine, serving each stream as one ASGI ``http`` request (``http_version`` ``"2"``).
+
+:mod:`gateway.server.connections` hands it a connection whose TLS handshake chose ``h2`` by ALPN,
+or a cleartext one that opened with the HTTP/2 preface (``[server] h2c``). One
+:class:`Http2Protocol` per connection, built with the
+:class:`~gateway.server.state.ServerState` all connections of the process share::
+
+    read ─▶ the guards' frame walk (floods, header blocks) ─▶ h2.receive_data ─▶ events:
+        RequestReceived ─▶ the ``received`` stamp of that read, gateway/server/intake.py's
+                           rules ─▶ Stream ─▶ the app's task (or the server's own answer)
+        DataReceived / StreamEnded ─▶ the stream's ``receive()``
+        WindowUpdated / RemoteSettingsChanged ─▶ streams waiting to send wake up
+        StreamReset ─▶ the stream's client is gone (499)
+    ─▶ what h2 has to send (SETTINGS and PING acknowledgements, WINDOW_UPDATEs) in one write
+
+Every answer's frames are written at the end of the event-loop step they were made in, all the
+streams' together: a whole answer is one write, an SSE event leaves as soon as it is sent.
+
+The connection's parts, each in its module: this one (the transport's side, the streams'
+lifecycle, GOAWAY on SIGTERM and at ``max_requests_per_connection``), the guards
+(:mod:`gateway.server.http2_guards`: the attacks, the timeouts) and the stream
+(:mod:`gateway.server.http2_stream`: one request's ASGI ``receive``/``send``, flow control).
+
+**Streams.** At most ``max_concurrent_streams`` at once (SETTINGS_MAX_CONCURRENT_STREAMS),
+counting a stream until its request's task is done — a stream the client reset still holds its
+slot while its task winds down, so resets cannot make the gateway run more requests than that
+(the Rapid Reset fix); a stream beyond is refused (RST_STREAM REFUSED_STREAM, which a client
+may retry). After ``max_requests_per_connection`` streams, GOAWAY: those taken finish, the
+client opens another connection for the next ones.
+
+**GOAWAY on SIGTERM** (``shutdown()``): the last stream taken is named (RFC 9113 §6.8), the
+streams in flight finish within ``shutdown_grace_s`` (the drain's), streams the client opens
+after are refused, and the connection closes when the last one is done.
+
+WebSocket over HTTP/2 (RFC 8441 extended CONNECT) is not offered: ``/v1/realtime`` is served on
+HTTP/1.1 (a client that needs it connects with ALPN ``http/1.1``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, cast
+
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    RemoteSettingsChanged,
+    RequestReceived,
+    StreamEnded,
+    StreamReset,
+    WindowUpdated,
+)
+from h2.exceptions import H2Error, ProtocolError
+from h2.settings import SettingCodes, Settings
+
+from gateway.context import RECEIVED_AT
+from gateway.server.http2_guards import Http2Guards
+from gateway.server.http2_stream import Stream, open_stream
+from gateway.server.state import Served, ServerState, freeze_startup_objects
+
+__all__ = ["CONNECTION_WINDOW", "Http2Protocol"]
+
+#: the connection's receive window: streams' unread request bodies together (each stream's is
+#: the default 65,535 octets), so one stalled upload does not stall the others
+CONNECTION_WINDOW = 1 << 20
+_CONFIG = H2Configuration(
+    client_side=False,
+    header_encoding=None,
+    # the answer's head is made by the stream (lower-case names, no connection-specific ones)
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+)
+
+
+def _address(transport: asyncio.Transport, key: str) -> tuple[str, int] | None:
+    info = transport.get_extra_info(key)
+    if isinstance(info, tuple | list) and len(info) >= 2:
+        return str(info[0]), int(info[1])
+    return None
+
+
+class Http2Protocol(Http2Guards):
+    """One HTTP/2 client connection (see the module)."""
+
+    def __init__(
+        self, state: ServerState, loop: asyncio.AbstractEventLoop, scheme: str = "https"
+    ) -> None:
+        assert state.http2 is not None
+        self.server_state = state
+        self.app = state.app
+        self.loop = loop
+        self.scheme = scheme
+        self.limits = state.http2
+        self.client_limits = state.limits
+        self.h2 = H2Connection(config=_CONFIG)
+        self.streams: dict[int, Stream] = {}
+        self.goaway_last: int | None = None
+        self.requests = 0
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.client: tuple[str, int] | None = None
+        self.server: tuple[str, int] | None = None
+        self.write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._flush: asyncio.Handle | None = None
+
+    # ------------------------------------------------------------ the transport's side
+
+    def connection_made(self, transport: asyncio.BaseTransport, preread: bytes = b"") -> None:
+        """Set up (SETTINGS, the connection's window); ``preread``: bytes already read (the
+        preface that told a cleartext connection apart)."""
+        self.transport = transport = cast(asyncio.Transport, transport)
+        state = self.server_state
+        connections: set[Served] = state.connections
+        connections.add(self)
+        if state.freeze_gc:
+            freeze_startup_objects()
+        self.client = _address(transport, "peername")
+        self.server = _address(transport, "sockname")
+        self._guards()
+        limits = self.limits
+        h2 = self.h2
+        h2.local_settings = Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+                SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+                SettingCodes.ENABLE_PUSH: 0,
+            },
+        )
+        # HPACK's decoder stops at this (32 octets a field): before the client acknowledges
+        # the SETTINGS too
+        h2.decoder.max_header_list_size = limits.max_header_list_bytes
+        h2.initiate_connection()
+        h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+        if len(connections) > self.client_limits.max_connections:
+            self.goaway(ErrorCodes.REFUSED_STREAM, b"max_client_connections")
+            self.close()
+            return
+        self.flush()
+        if preread:
+            self.data_received(preread)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self._stop_guards()
+        if self._linger is not None:
+            self._linger.cancel()
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        for stream in list(self.streams.values()):
+            stream.lost()
+        self.resume_writing()
+
+    def eof_received(self) -> None:
+        pass  # the transport closes; connection_lost follows
+
+    def data_received(self, data: bytes) -> None:
+        received = time.perf_counter()  # the Timeline's ``received`` of the streams it opens
+        why = self.scan(data)
+        if why is not None:
+            self.fatal(why)
+            return
+        try:
+            events = self.h2.receive_data(data)
+        except ProtocolError as exc:  # h2 has queued its GOAWAY
+            why = f"{type(exc).__name__}: {exc}"
+            self.fatal(why, getattr(exc, "error_code", ErrorCodes.PROTOCOL_ERROR))
+            return
+        streams = self.streams
+        for event in events:
+            if isinstance(event, DataReceived):
+                stream = streams.get(event.stream_id)
+                flow = event.flow_controlled_length
+                if stream is not None:
+                    stream.received(event.data, flow, self.loop.time())
+                elif flow:  # a stream refused or done: its bytes open the window again
+                    self.h2.acknowledge_received_data(flow, event.stream_id)
+            elif isinstance(event, RequestReceived):
+                self._request(event.stream_id, event.headers, received)
+            elif isinstance(event, StreamEnded):
+                if (stream := streams.get(event.stream_id)) is not None:
+                    stream.ended()
+            else:
+                self._event(event)
+        self.flush()
+
+    def _event(self, event: object) -> None:
+        """The events a request does not make: windows, settings, resets, the client's end."""
+        streams = self.streams
+        if isinstance(event, WindowUpdated):
+            if event.stream_id == 0:
+                for each in streams.values():
+                    each.window_opened()
+            elif (one := streams.get(event.stream_id)) is not None:
+                one.window_opened()
+        elif isinstance(event, StreamReset):
+            if (reset := streams.get(event.stream_id)) is not None:
+                reset.lost()
+        elif isinstance(event, RemoteSettingsChanged):
+            if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+                for each in streams.values():
+                    each.window_opened()
+        elif isinstance(event, ConnectionTerminated):
+            # h2's state machine is closed: nothing more can be sent on any stream
+            self.close()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Until the transport's buffer is under its low-water mark (or the client is gone)."""
+        if self._drained is None:
+            self._drained = self.loop.create_future()
+        await asyncio.shield(self._drained)
+
+    def shutdown(self) -> None:
+        """The server stops (SIGTERM): GOAWAY naming the last stream taken; the connection
+        closes now when idle, else once its streams are done."""
+        if self.transport.is_closing():
+            return
+        self.goaway(ErrorCodes.NO_ERROR, b"shutdown")
+        if not self.streams:
+            self.close()
+
+    # ------------------------------------------------------------ writing
+
+    def flush(self) -> None:
+        """Write what ``h2`` holds, now."""
+        handle, self._flush = self._flush, None
+        if handle is not None:
+            handle.cancel()
+        data = self.h2.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def flush_soon(self) -> None:
+        """Write what ``h2`` holds at the end of this event-loop step (every stream's frames of
+        the step in one write)."""
+        if self._flush is None:
+            self._flush = self.loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush = None
+        self.flush()
+
+    def sent_data(self) -> None:
+        self.credit_window_updates()
+
+    def date(self) -> bytes:
+        return self.server_state.date
+
+    # ------------------------------------------------------------ streams
+
+    def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]], stamp: float) -> None:
+        h2 = self.h2
+        if self.goaway_last is not None and stream_id > self.goaway_last:
+            h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)  # after GOAWAY: not taken
+            return
+        if len(self.streams) >= self.limits.max_concurrent_streams:
+            h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            why = self.reset_taken()
+            if why is not None:
+                self.fatal(why)
+            return
+        self._idle.end()
+        head: dict[str, Any] = {"server": self.server, "client": self.client}
+        head["scheme"] = self.scheme
+        head[RECEIVED_AT] = stamp
+        stream = open_stream(self, self.limits, stream_id, headers, head)
+        self.streams[stream_id] = stream
+        self.requests += 1
+        if self.requests >= self.limits.max_requests_per_connection:
+            self.goaway(ErrorCodes.NO_ERROR, b"max_requests_per_connection")
+        task = self.loop.create_task(stream.run())
+        tasks = self.server_state.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def answered(self, stream: Stream) -> None:
+        """An answer is complete; a request body still coming is not needed (RST_STREAM
+        NO_ERROR, RFC 9113 §8.1) and what was buffered of it opens the window again."""
+        self.server_state.total_requests += 1
+        if stream.more_body:
+            try:
+                self.h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
+                if stream.unacked:
+                    self.h2.acknowledge_received_data(stream.unacked, stream.id)
+            except H2Error:
+                pass
+            stream.unacked = 0
+            stream.body.clear()
+            self.flush_soon()
+
+    def finished(self, stream: Stream) -> None:
+        """A stream's task is done: its slot is free; the last one of a connection that sent
+        GOAWAY closes it, else the idle wait begins."""
+        if self.streams.pop(stream.id, None) is None or self.streams:
+            return
+        if self.goaway_last is not None:
+            self.flush()
+            self.close()
+        elif not self.transport.is_closing():
+            self._idle.start()

@@ -1,0 +1,199 @@
+"""Streams on one HTTP/2 connection (docs/spec.md §27): flow control is backpressure per stream,
+a client's RST_STREAM is a disconnect (499, the upstream attempt cancelled, priced as a cut
+stream), and SIGTERM's GOAWAY lets the streams in flight finish."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from h2.errors import ErrorCodes
+
+from gateway.config import Config
+from tests.h2.support import Certs, H2Client, http2_client
+from tests.support import (
+    GatewayServer,
+    SeenRequest,
+    chat_chunk,
+    chunk,
+    config_for,
+    openai_client,
+    paced_upstream,
+    sse_head,
+)
+
+NO_CACHE = '[cache]\nbackend = "off"\n'
+STREAM = orjson.dumps(
+    {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+)
+JSON = [("content-type", "application/json"), ("accept-encoding", "identity")]
+
+
+def big_stream(events: int = 400, size: int = 600):
+    """An upstream chat stream of ``events`` events of ``size`` bytes each, sent at once."""
+    word = "w" * size
+
+    async def handler(req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(sse_head())
+        for _ in range(events):
+            writer.write(chunk(chat_chunk(word)))
+        writer.write(chunk(chat_chunk(None, finish="stop")) + chunk(b"data: [DONE]\n\n"))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    return handler
+
+
+class Held:
+    """An upstream stream that sends a few events, then holds until released (or cut)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.closed = threading.Event()
+
+    async def handle(self, req: SeenRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(sse_head())
+        try:
+            for _ in range(3):
+                writer.write(chunk(chat_chunk("word")))
+                await writer.drain()
+            while not self.release.is_set():
+                await asyncio.sleep(0.05)
+                writer.write(chunk(b": keep-alive\n\n"))  # a cut connection shows here
+                await writer.drain()
+        except ConnectionError:
+            self.closed.set()
+            return False
+        writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
+
+def test_a_slow_reader_stalls_only_its_own_stream(gateway, upstream, certs: Certs):
+    up = upstream(big_stream())
+    gw = gateway(config_for(up.url, extra=NO_CACHE + certs.toml()))
+    with H2Client(gw.port, certs.client_context()) as c:
+        slow = c.request("POST", "/v1/chat/completions", STREAM, JSON)
+        c.hold = {slow}  # its DATA is never acknowledged: its window shuts
+        others = [c.request("POST", "/v1/chat/completions", STREAM, JSON) for _ in range(20)]
+        assert c.until(lambda: all(c.answers[s].ended for s in others), 20)
+        for sid in others:
+            assert c.answers[sid].body.rstrip().endswith(b"data: [DONE]")
+        stalled = c.answers[slow]
+        assert not stalled.ended and stalled.reset is None
+        assert 0 < len(stalled.body) <= 65_535  # one window, not the ~250 KB it has
+        # the client reads again: the stream finishes
+        c.release(slow)
+        assert c.answer(slow, 20).ended
+        assert stalled.body.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_client_reset_is_a_499_and_cancels_the_upstream(gateway, upstream, certs, access_lines):
+    held = Held()
+    up = upstream(held.handle)
+    gw = gateway(config_for(up.url, extra=NO_CACHE + certs.toml()))
+    try:
+        with H2Client(gw.port, certs.client_context()) as c:
+            sid = c.request("POST", "/v1/chat/completions", STREAM, JSON)
+            assert c.until(lambda: b"word" in c.answers[sid].body)
+            c.conn.reset_stream(sid, ErrorCodes.CANCEL)
+            c.flush()
+            assert held.closed.wait(5), "the upstream attempt was not cancelled"
+            # the connection goes on serving
+            assert c.answer(c.request("GET", "/healthz")).status == 200
+    finally:
+        held.release.set()
+    deadline = time.monotonic() + 5
+    while not any(r["path"] == "/v1/chat/completions" for r in access_lines):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (line,) = [r for r in access_lines if r["path"] == "/v1/chat/completions"]
+    assert line["status"] == 499
+    assert line["tokens"]["output"] == 3  # priced as a cut stream: what was relayed
+
+
+def test_an_sdk_gone_mid_stream_is_a_499(gateway, upstream, certs, access_lines):
+    """httpcore leaves a closed response's stream open (no RST_STREAM): what ends it is its
+    client's connection closing, which every stream on it sees as its client going away."""
+    held = Held()
+    up = upstream(held.handle)
+    gw = gateway(config_for(up.url, extra=NO_CACHE + certs.toml()))
+    try:
+        http = http2_client(certs)
+        client = openai_client(gw.base_url, http_client=http)
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert next(iter(stream)).choices[0].delta.content == "word"
+        stream.close()
+        http.close()
+        assert held.closed.wait(5), "the upstream attempt was not cancelled"
+    finally:
+        held.release.set()
+    deadline = time.monotonic() + 5
+    while not access_lines:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert access_lines[0]["status"] == 499
+
+
+@contextlib.contextmanager
+def stopped_by_the_test(config: Config) -> Iterator[GatewayServer]:
+    """A gateway the test drains itself (``server.stop()``, SIGTERM's drain)."""
+    gw = GatewayServer(config).start()
+    try:
+        yield gw
+    finally:
+        if gw.thread.is_alive():
+            gw.stop()
+        gw.thread.join(10)
+        gw.sock.close()
+
+
+def test_goaway_on_shutdown_lets_the_streams_in_flight_finish(upstream, certs):
+    sent: list[float] = []
+    up = upstream(paced_upstream(sent, gap=0.1))
+    config = config_for(up.url, extra=NO_CACHE + certs.toml())
+    with stopped_by_the_test(config) as gw, H2Client(gw.port, certs.client_context()) as c:
+        first = c.request("POST", "/v1/chat/completions", STREAM, JSON)
+        assert c.until(lambda: b"Streams" in c.answers[first].body)
+        stopper = threading.Thread(target=gw.server.stop)  # SIGTERM's drain
+        stopper.start()
+        assert c.until(lambda: c.goaway is not None)
+        assert c.goaway.error_code == ErrorCodes.NO_ERROR
+        assert c.goaway.last_stream_id == first
+        # the stream in flight finishes, then the connection closes
+        answer = c.answer(first)
+        assert answer.ended and answer.body.rstrip().endswith(b"data: [DONE]")
+        assert c.until_closed()
+        stopper.join(10)
+        gw.thread.join(10)
+        assert not gw.thread.is_alive()
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_streams_above_the_goaway_are_refused(upstream, certs, tls):
+    """A stream the client opened after the GOAWAY it had not read yet is refused
+    (REFUSED_STREAM: the client may retry it elsewhere), never served."""
+    held = Held()
+    up = upstream(held.handle)
+    server = certs.toml() if tls else "[server]\nh2c = true\n"
+    context = certs.client_context() if tls else None
+    config = config_for(up.url, extra=NO_CACHE + server)
+    try:
+        with stopped_by_the_test(config) as gw, H2Client(gw.port, context) as c:
+            first = c.request("POST", "/v1/chat/completions", STREAM, JSON)
+            assert c.until(lambda: b"word" in c.answers[first].body)
+            threading.Thread(target=gw.server.stop).start()
+            c.read_until_goaway()  # in, not read: the client opens a stream meanwhile
+            late = c.request("GET", "/healthz")
+            assert c.answer(late).reset == ErrorCodes.REFUSED_STREAM
+            held.release.set()
+            assert c.answer(first).ended
+    finally:
+        held.release.set()
