@@ -77,6 +77,19 @@ _CONFIG = H2Configuration(
 )
 
 
+class _ServerConnection(H2Connection):
+    """``h2``'s connection without its own cap on the streams a client opens, which would end
+    the whole connection for a stream over SETTINGS_MAX_CONCURRENT_STREAMS — even in a client's
+    first flight, sent before it could read the SETTINGS (RFC 9113 §6.5.2: until then the limit
+    is unbounded). :class:`Http2Protocol` refuses such a stream instead (REFUSED_STREAM, RFC
+    9113 §5.1.2), counting it against the reset bucket."""
+
+    @property
+    def open_inbound_streams(self) -> int:
+        _ = super().open_inbound_streams  # h2 forgets its closed streams here: keep that
+        return 0
+
+
 def _address(transport: asyncio.Transport, key: str) -> tuple[str, int] | None:
     info = transport.get_extra_info(key)
     if isinstance(info, tuple | list) and len(info) >= 2:
@@ -97,7 +110,7 @@ class Http2Protocol(Http2Guards):
         self.scheme = scheme
         self.limits = state.http2
         self.client_limits = state.limits
-        self.h2 = H2Connection(config=_CONFIG)
+        self.h2: H2Connection = _ServerConnection(config=_CONFIG)
         self.streams: dict[int, Stream] = {}
         self.goaway_last: int | None = None
         self.requests = 0
@@ -148,8 +161,6 @@ class Http2Protocol(Http2Guards):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
         self._stop_guards()
-        if self._linger is not None:
-            self._linger.cancel()
         if self._flush is not None:
             self._flush.cancel()
             self._flush = None

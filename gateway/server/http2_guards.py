@@ -46,7 +46,7 @@ from hyperframe.frame import GoAwayFrame
 from gateway.config import Http2Config
 from gateway.deadline import Deadline
 from gateway.server.http2_stream import Stream, response_head
-from gateway.server.intake import refusal
+from gateway.server.intake import Lingering, refusal
 from gateway.server.state import ClientLimits
 
 log = logging.getLogger("gateway")
@@ -117,7 +117,6 @@ class Http2Guards(asyncio.Protocol):
         self._guard = Deadline(self.loop, self.client_limits.header_timeout_s, self._guard_expired)
         self._idle = Deadline(self.loop, limits.idle_timeout_s, self._idle_expired)
         self._sweep: asyncio.TimerHandle | None = None
-        self._linger: asyncio.TimerHandle | None = None
         self._guard.start()
         self._idle.start()
 
@@ -244,17 +243,21 @@ class Http2Guards(asyncio.Protocol):
             return
         log.warning(f"gateway: HTTP/2 connection from {_peer(self.client)} ended: {why}")
         self.goaway(code, why.encode()[:100])
-        self.close(abort_after=True)
-
-    def close(self, *, abort_after: bool = False) -> None:
+        # a lingering close (as HTTP/1.1's): closing with the flood still unread would reset the
+        # connection, and a reset can destroy the GOAWAY in the client's buffers before it is read
         transport = self.transport
+        lingering = Lingering(transport, self.client_limits.linger_s)
+        transport.set_protocol(lingering)
+        self.connection_lost(None)
+        lingering.start(False)
+
+    def close(self) -> None:
+        """Close after what is written (every stream left sees its client go away)."""
         for stream in list(self.streams.values()):
             stream.lost()
-        if not transport.is_closing():
+        if not self.transport.is_closing():
             self.flush()
-            transport.close()
-        if abort_after and self._linger is None:
-            self._linger = self.loop.call_later(self.client_limits.linger_s, transport.abort)
+            self.transport.close()
 
     def flush(self) -> None:
         """Write what ``h2`` holds."""

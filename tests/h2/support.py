@@ -306,14 +306,15 @@ class FrameClient:
             return False
         return True
 
-    def read(self, timeout: float = 10.0) -> bool:
-        """One read: False when the connection is closed."""
+    def read(self, timeout: float | None = 10.0) -> bool:
+        """One read (``timeout`` None: only what has arrived): False when the connection is
+        closed."""
         if self.closed:
             return False
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(timeout if timeout is not None else 0.0)
         try:
             data = self.sock.recv(1 << 20)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
             return True
         except OSError:
             data = b""
@@ -329,6 +330,13 @@ class FrameClient:
             self.buffer = self.buffer[9 + length :]
             self.frames.append(frame)
         return True
+
+    def poll(self) -> None:
+        """Read what has arrived, without waiting."""
+        before = -1
+        while not self.closed and len(self.buffer) + len(self.frames) != before:
+            before = len(self.buffer) + len(self.frames)
+            self.read(None)
 
     def goaway(self) -> GoAwayFrame | None:
         return next((f for f in self.frames if isinstance(f, GoAwayFrame)), None)
