@@ -117,12 +117,15 @@ class Http2Guards(asyncio.Protocol):
         self._guard = Deadline(self.loop, self.client_limits.header_timeout_s, self._guard_expired)
         self._idle = Deadline(self.loop, limits.idle_timeout_s, self._idle_expired)
         self._sweep: asyncio.TimerHandle | None = None
+        self._abort: asyncio.TimerHandle | None = None
         self._guard.start()
         self._idle.start()
 
     def _stop_guards(self) -> None:
         self._guard.stop()
         self._idle.stop()
+        if self._abort is not None:
+            self._abort.cancel()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
@@ -241,7 +244,7 @@ class Http2Guards(asyncio.Protocol):
         and aborted after ``linger_s`` if the client does not read what is left."""
         if self.transport.is_closing():
             return
-        log.warning(f"gateway: HTTP/2 connection from {_peer(self.client)} ended: {why}")
+        log.info(f"gateway: HTTP/2 connection from {_peer(self.client)} ended: {why}")
         self.goaway(code, why.encode()[:100])
         # a lingering close (as HTTP/1.1's): closing with the flood still unread would reset the
         # connection, and a reset can destroy the GOAWAY in the client's buffers before it is read
@@ -252,12 +255,15 @@ class Http2Guards(asyncio.Protocol):
         lingering.start(False)
 
     def close(self) -> None:
-        """Close after what is written (every stream left sees its client go away)."""
+        """Close after what is written (every stream left sees its client go away); a client
+        that does not read it is cut after ``linger_s``."""
         for stream in list(self.streams.values()):
             stream.lost()
-        if not self.transport.is_closing():
+        transport = self.transport
+        if not transport.is_closing():
             self.flush()
-            self.transport.close()
+            transport.close()
+            self._abort = self.loop.call_later(self.client_limits.linger_s, transport.abort)
 
     def flush(self) -> None:
         """Write what ``h2`` holds."""

@@ -248,7 +248,13 @@ class Stream:
     async def send(self, message: dict[str, Any]) -> None:
         conn = self.conn
         if conn.write_paused and not self.disconnected:
-            await conn.drain()
+            # the client does not read what its windows let through: timed as a shut window
+            self.blocked_since = conn.loop.time()
+            conn.watch()
+            try:
+                await conn.drain()
+            finally:
+                self.blocked_since = None
         if self.disconnected:
             return
         kind = message["type"]
