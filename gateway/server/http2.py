@@ -26,12 +26,15 @@ lifecycle, GOAWAY on SIGTERM and at ``max_requests_per_connection``), the guards
 counting a stream until its request's task is done — a stream the client reset still holds its
 slot while its task winds down, so resets cannot make the gateway run more requests than that
 (the Rapid Reset fix); a stream beyond is refused (RST_STREAM REFUSED_STREAM, which a client
-may retry). After ``max_requests_per_connection`` streams, GOAWAY: those taken finish, the
-client opens another connection for the next ones.
+may retry).
 
-**GOAWAY on SIGTERM** (``shutdown()``): the last stream taken is named (RFC 9113 §6.8), the
-streams in flight finish within ``shutdown_grace_s`` (the drain's), streams the client opens
-after are refused, and the connection closes when the last one is done.
+**GOAWAY when nothing is in flight.** SIGTERM (``shutdown()``) and the
+``max_requests_per_connection``-th stream end the connection at the first moment no stream is
+in flight — at once when none is: GOAWAY NO_ERROR naming the last stream taken (RFC 9113 §6.8),
+then the close. Streams opened before that moment are served (the drain waits for them within
+``shutdown_grace_s``). Not earlier, because the HTTP/2 clients the SDKs run on (httpx over
+``h2``) fail every stream still in flight when any GOAWAY arrives, though RFC 9113 lets them
+finish; a client that keeps its connection busy past twice the cap gets its GOAWAY then.
 
 WebSocket over HTTP/2 (RFC 8441 extended CONNECT) is not offered: ``/v1/realtime`` is served on
 HTTP/1.1 (a client that needs it connects with ALPN ``http/1.1``).
@@ -113,6 +116,8 @@ class Http2Protocol(Http2Guards):
         self.h2: H2Connection = _ServerConnection(config=_CONFIG)
         self.streams: dict[int, Stream] = {}
         self.goaway_last: int | None = None
+        #: why the connection ends once no stream is in flight (None: it goes on)
+        self.ending: bytes | None = None
         self.requests = 0
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: tuple[str, int] | None = None
@@ -237,13 +242,9 @@ class Http2Protocol(Http2Guards):
         await asyncio.shield(self._drained)
 
     def shutdown(self) -> None:
-        """The server stops (SIGTERM): GOAWAY naming the last stream taken; the connection
-        closes now when idle, else once its streams are done."""
-        if self.transport.is_closing():
-            return
-        self.goaway(ErrorCodes.NO_ERROR, b"shutdown")
-        if not self.streams:
-            self.close()
+        """The server stops (SIGTERM): GOAWAY and the close, now when no stream is in flight,
+        else at the first moment none is (see the module)."""
+        self._end_when_idle(b"shutdown")
 
     # ------------------------------------------------------------ writing
 
@@ -292,8 +293,11 @@ class Http2Protocol(Http2Guards):
         stream = open_stream(self, self.limits, stream_id, headers, head)
         self.streams[stream_id] = stream
         self.requests += 1
-        if self.requests >= self.limits.max_requests_per_connection:
-            self.goaway(ErrorCodes.NO_ERROR, b"max_requests_per_connection")
+        cap = self.limits.max_requests_per_connection
+        if self.requests >= cap:
+            self._end_when_idle(b"max_requests_per_connection")
+            if self.requests >= 2 * cap:  # a client never idle: its GOAWAY now
+                self.goaway(ErrorCodes.NO_ERROR, b"max_requests_per_connection")
         task = self.loop.create_task(stream.run())
         tasks = self.server_state.tasks
         tasks.add(task)
@@ -315,12 +319,18 @@ class Http2Protocol(Http2Guards):
             self.flush_soon()
 
     def finished(self, stream: Stream) -> None:
-        """A stream's task is done: its slot is free; the last one of a connection that sent
-        GOAWAY closes it, else the idle wait begins."""
+        """A stream's task is done: its slot is free. The last one of a connection that is
+        to end (or that sent GOAWAY) ends it, else the idle wait begins."""
         if self.streams.pop(stream.id, None) is None or self.streams:
             return
-        if self.goaway_last is not None:
-            self.flush()
-            self.close()
+        if self.ending is not None or self.goaway_last is not None:
+            self.end(ErrorCodes.NO_ERROR, self.ending or b"")
         elif not self.transport.is_closing():
             self._idle.start()
+
+    def _end_when_idle(self, why: bytes) -> None:
+        """GOAWAY and the close at the first moment no stream is in flight (now, if none is)."""
+        if self.ending is None:
+            self.ending = why
+        if not self.streams:
+            self.end(ErrorCodes.NO_ERROR, why)

@@ -228,8 +228,8 @@ class Http2Guards(asyncio.Protocol):
 
     def goaway(self, code: int, debug: bytes) -> None:
         """GOAWAY naming the last stream the gateway took (RFC 9113 §6.8): streams above it are
-        refused from now on, those below it finish. Written past ``h2``'s state machine, which
-        would take a GOAWAY as the end of every stream."""
+        refused from now on. Written past ``h2``'s state machine, which would take a GOAWAY as
+        the end of every stream."""
         last = self.h2.highest_inbound_stream_id
         if self.goaway_last is not None:
             last = min(last, self.goaway_last)
@@ -240,15 +240,20 @@ class Http2Guards(asyncio.Protocol):
             self.transport.write(frame.serialize())
 
     def fatal(self, why: str, code: int = ErrorCodes.ENHANCE_YOUR_CALM) -> None:
-        """End the connection now: GOAWAY ``code``, every stream gone (499), the socket closed
-        and aborted after ``linger_s`` if the client does not read what is left."""
-        if self.transport.is_closing():
-            return
-        log.info(f"gateway: HTTP/2 connection from {_peer(self.client)} ended: {why}")
-        self.goaway(code, why.encode()[:100])
-        # a lingering close (as HTTP/1.1's): closing with the flood still unread would reset the
-        # connection, and a reset can destroy the GOAWAY in the client's buffers before it is read
+        """End the connection now, for ``why``: GOAWAY ``code``, every stream gone (499)."""
+        if not self.transport.is_closing():
+            log.info(f"gateway: HTTP/2 connection from {_peer(self.client)} ended: {why}")
+            self.end(code, why.encode()[:100])
+
+    def end(self, code: int, debug: bytes) -> None:
+        """GOAWAY, then a lingering close (as HTTP/1.1's): the socket half-closed, what the
+        client still sends read and dropped, aborted after ``linger_s``. Closing with bytes
+        unread would reset the connection, and a reset can destroy the GOAWAY in the client's
+        buffers before it is read."""
         transport = self.transport
+        if transport.is_closing():
+            return
+        self.goaway(code, debug)
         lingering = Lingering(transport, self.client_limits.linger_s)
         transport.set_protocol(lingering)
         self.connection_lost(None)
@@ -276,10 +281,8 @@ class Http2Guards(asyncio.Protocol):
         self.fatal(f"{what} did not arrive within {timeout:g} s", ErrorCodes.NO_ERROR)
 
     def _idle_expired(self) -> None:
-        if self.streams or self.transport.is_closing():
-            return
-        self.goaway(ErrorCodes.NO_ERROR, b"idle_timeout")
-        self.close()
+        if not self.streams:
+            self.end(ErrorCodes.NO_ERROR, b"idle_timeout")
 
     def watch(self) -> None:
         """A stream began to wait for the client: the sweep runs while any does."""
@@ -303,7 +306,11 @@ class Http2Guards(asyncio.Protocol):
                 waiting = True
             if stream.reading:
                 if now - stream.last_read >= body_timeout:
-                    self._body_timeout(stream)
+                    if stream.response_started:
+                        self._reap(stream, "no request body bytes in time")
+                    else:
+                        _answer_408(self.h2, stream, self.date())
+                        self.flush()
                     continue
                 waiting = True
         if waiting:
@@ -318,29 +325,25 @@ class Http2Guards(asyncio.Protocol):
         stream.lost()
         self.flush()
 
-    def _body_timeout(self, stream: Stream) -> None:
-        """No body DATA for ``client_body_timeout_s`` while the app waited: 408 when the answer
-        has not started (else a reset), then RST_STREAM NO_ERROR for the rest of the body (RFC
-        9113 §8.1); the request sees the client go away (499)."""
-        if stream.response_started:
-            self._reap(stream, "no request body bytes in time")
-            return
-        stream.lost()
-        answer = _BODY_408
-        headers = [*answer.headers, (b"content-length", str(len(answer.body)).encode())]
-        head = response_head(answer.status, headers, self.date(), None)
-        try:
-            self.h2.send_headers(stream.id, head)
-            if self.h2.local_flow_control_window(stream.id) >= len(answer.body):
-                self.h2.send_data(stream.id, answer.body, end_stream=True)
-            self.h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
-        except H2Error:
-            pass
-        self.flush()
-
     def date(self) -> bytes:
         """The server's ``date`` line."""
         raise NotImplementedError
+
+
+def _answer_408(h2: H2Connection, stream: Stream, date: bytes) -> None:
+    """No body DATA for ``client_body_timeout_s`` while the app waited, and its answer has not
+    started: 408, then RST_STREAM NO_ERROR for the rest of the body (RFC 9113 §8.1); the
+    request sees the client go away (499)."""
+    stream.lost()
+    answer = _BODY_408
+    headers = [*answer.headers, (b"content-length", str(len(answer.body)).encode())]
+    try:
+        h2.send_headers(stream.id, response_head(answer.status, headers, date, None))
+        if h2.local_flow_control_window(stream.id) >= len(answer.body):
+            h2.send_data(stream.id, answer.body, end_stream=True)
+        h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
+    except H2Error:
+        pass
 
 
 def _peer(client: tuple[str, int] | None) -> str:

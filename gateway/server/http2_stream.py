@@ -25,6 +25,7 @@ HEADERS and DATA frames on the connection's ``h2`` state machine:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from typing import Any, Protocol
@@ -182,7 +183,7 @@ class Stream:
         except BaseException as exc:
             log.error("Exception in ASGI application", exc_info=exc)
             if not self.response_started:
-                await self._send_500()
+                await _send_500(self.send)
             else:
                 self._reset(ErrorCodes.INTERNAL_ERROR)
         else:
@@ -191,25 +192,18 @@ class Stream:
                 self._reset(ErrorCodes.INTERNAL_ERROR)
             elif not self.response_started and not self.disconnected:
                 log.error("ASGI callable returned without starting response.")
-                await self._send_500()
+                await _send_500(self.send)
             elif not self.response_complete and not self.disconnected:
                 log.error("ASGI callable returned without completing response.")
                 self._reset(ErrorCodes.INTERNAL_ERROR)
         finally:
             self.conn.finished(self)
 
-    async def _send_500(self) -> None:
-        headers = [(b"content-type", b"text/plain; charset=utf-8")]
-        await self.send({"type": "http.response.start", "status": 500, "headers": headers})
-        await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
-
     def _reset(self, code: ErrorCodes) -> None:
         if not self.disconnected:
             self.disconnected = True
-            try:
+            with contextlib.suppress(H2Error):
                 self.conn.h2.reset_stream(self.id, code)
-            except H2Error:
-                return
             self.conn.flush_soon()
 
     # ------------------------------------------------------------ ASGI
@@ -337,6 +331,12 @@ class Stream:
             await window
         finally:
             self.blocked_since = None
+
+
+async def _send_500(send: Any) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8")]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": b"Internal Server Error"})
 
 
 def response_head(

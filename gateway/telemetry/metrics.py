@@ -200,11 +200,7 @@ class Metrics:
         )
         self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
         #: the protocol the client spoke (docs/spec.md §27)
-        self.protocols = Counter(
-            "gateway_requests_by_protocol",
-            "Requests answered, by the protocol the client spoke (HTTP/1.1, HTTP/2)",
-            ("protocol",),
-        )
+        self.protocols = Counter("gateway_requests_by_protocol", _PROTOCOLS_DOC, ("protocol",))
         self.spend = SpendMetrics()
         self.counters: tuple[Counter, ...] = (self.requests, self.tokens, self.errors)
         self.counters = (*self.counters, self.cache, self.protocols, *self.spend.counters)
@@ -549,6 +545,7 @@ class _Plan:
 
 
 _PROTOCOLS = {"1.1": "HTTP/1.1", "2": "HTTP/2", "1.0": "HTTP/1.0"}
+_PROTOCOLS_DOC = "Requests answered, by the protocol the client spoke (HTTP/1.1, HTTP/2)"
 
 
 def protocol_label(http_version: object) -> str:

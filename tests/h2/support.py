@@ -141,6 +141,8 @@ class H2Client:
         self.answers: dict[int, Answer] = {}
         self.goaway: h2.events.ConnectionTerminated | None = None
         self.closed = False
+        #: what happened, in order: ("ended" | "reset", stream id), ("goaway", last stream id)
+        self.order: list[tuple[str, int]] = []
         #: streams whose DATA is not acknowledged (their window shuts) until :meth:`release`
         self.hold: set[int] = set()
         self._held: dict[int, int] = {}
@@ -253,10 +255,13 @@ class H2Client:
                 self.conn.acknowledge_received_data(flow, sid)
         elif isinstance(event, h2.events.StreamEnded) and answer is not None:
             answer.ended = True
+            self.order.append(("ended", sid))
         elif isinstance(event, h2.events.StreamReset) and answer is not None:
             answer.reset = int(event.error_code)
+            self.order.append(("reset", sid))
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.goaway = event
+            self.order.append(("goaway", event.last_stream_id or 0))
             # h2 takes any GOAWAY as the end of every stream; RFC 9113 §6.8 lets the streams
             # up to its last stream id finish: the client keeps reading them
             self.conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
