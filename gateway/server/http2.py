@@ -147,7 +147,6 @@ class Http2Protocol(Http2Guards):
             initial_values={
                 SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
                 SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
-                SettingCodes.ENABLE_PUSH: 0,
             },
         )
         # HPACK's decoder stops at this (32 octets a field): before the client acknowledges

@@ -11,7 +11,8 @@ event loop:
          ─▶ cancel what is left ─▶ lifespan shutdown ─▶ exit 0
 
 Each client connection is served by the protocol :mod:`gateway.server.connections` picks
-(HTTP/1.1: :class:`gateway.server.http1.Http1Protocol`), built with the
+(HTTP/1.1: :class:`gateway.server.http1.Http1Protocol`; with ``[server.tls]`` or ``h2c``, HTTP/2:
+:class:`gateway.server.http2.Http2Protocol`), built with the
 :class:`~gateway.server.state.ServerState` all connections of the process share. Nothing runs
 per request here: the one timer of the server sets the ``date`` line again each second.
 
@@ -33,7 +34,9 @@ What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, 
 - SIGTERM is a graceful drain, not an error: stop accepting, let in-flight requests and
   streams finish within ``shutdown_grace_s`` (then cancel what is left), run the lifespan
   shutdown (pools closed, spans flushed), exit 0 — a Kubernetes rollout logs a pod stop as a
-  success. SIGINT drains the same way and then ends the process by SIGINT (the shell's
+  success.
+- SIGHUP, with ``[server.tls]``: the certificate is re-read (:func:`reload_certificates`, docs/spec.md
+  §27); open connections keep theirs. SIGINT drains the same way and then ends the process by SIGINT (the shell's
   convention for Ctrl+C); a second SIGINT during the drain cancels what is left at once.
 """
 

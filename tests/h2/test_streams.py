@@ -199,3 +199,26 @@ def test_an_sdk_stream_in_flight_survives_the_shutdown(certs):
             rest = list(chunks)
         assert rest[-1].choices[0].finish_reason == "length"
         assert sum(bool(c.choices[0].delta.content) for c in rest) == 20
+
+
+def test_a_connection_never_idle_gets_its_goaway_at_twice_the_cap(gateway, upstream):
+    """max_requests_per_connection = 2 on a connection always busy: at the 4th stream GOAWAY
+    goes out at once naming it; a stream the client opened before reading it is refused
+    (REFUSED_STREAM: never run, safe to retry), those taken finish."""
+    held = Held()
+    up = upstream(held.handle)
+    server = "[server]\nh2c = true\n[server.http2]\nmax_requests_per_connection = 2\n"
+    gw = gateway(config_for(up.url, extra=NO_CACHE + server))
+    try:
+        with H2Client(gw.port) as c:
+            taken = [c.request("POST", "/v1/chat/completions", STREAM, JSON) for _ in range(4)]
+            c.read_until_goaway()  # in, not read: the client opens a stream meanwhile
+            late = c.request("GET", "/healthz")
+            assert c.answer(late).reset == ErrorCodes.REFUSED_STREAM
+            assert c.goaway is not None and c.goaway.last_stream_id == taken[-1]
+            held.release.set()
+            for sid in taken:
+                assert c.answer(sid).body.rstrip().endswith(b"data: [DONE]")
+            assert c.until_closed()
+    finally:
+        held.release.set()
