@@ -198,6 +198,8 @@ class Http2Protocol(Http2Guards):
                     self.h2.acknowledge_received_data(flow, event.stream_id)
             elif isinstance(event, RequestReceived):
                 self._request(event.stream_id, event.headers, received)
+                if self.transport.is_closing():  # a guard ended the connection
+                    return
             elif isinstance(event, StreamEnded):
                 if (stream := streams.get(event.stream_id)) is not None:
                     stream.ended()

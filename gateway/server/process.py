@@ -34,10 +34,10 @@ What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, 
 - SIGTERM is a graceful drain, not an error: stop accepting, let in-flight requests and
   streams finish within ``shutdown_grace_s`` (then cancel what is left), run the lifespan
   shutdown (pools closed, spans flushed), exit 0 — a Kubernetes rollout logs a pod stop as a
-  success.
-- SIGHUP, with ``[server.tls]``: the certificate is re-read (:func:`reload_certificates`, docs/spec.md
-  §27); open connections keep theirs. SIGINT drains the same way and then ends the process by SIGINT (the shell's
+  success. SIGINT drains the same way and then ends the process by SIGINT (the shell's
   convention for Ctrl+C); a second SIGINT during the drain cancels what is left at once.
+- SIGHUP, with ``[server.tls]``: the certificate is re-read (:func:`reload_certificates`,
+  docs/spec.md §27); open connections keep theirs.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ stream, the server's rules on a stream, uploads and downloads, mTLS, the TLS ver
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import ssl
 import subprocess
 
@@ -217,3 +219,23 @@ def held_stream(sent: list[int], release: asyncio.Event | None = None):
         return True
 
     return handler
+
+
+def test_a_tls_handshake_that_never_comes_is_dropped(gateway, certs):
+    gw = gateway(gateway_config(MOCK + certs.toml() + "[server]\nclient_header_timeout_s = 1\n"))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=15) as sock:
+        got = b"reset"
+        with contextlib.suppress(ConnectionResetError):
+            got = sock.recv(1)
+        assert got in (b"", b"reset")  # closed, not held for ever (recv would time out)
+
+
+def test_connections_beyond_max_client_connections_get_goaway(gateway, certs):
+    gw = gateway(gateway_config(MOCK + certs.toml() + "[server]\nmax_client_connections = 1\n"))
+    with H2Client(gw.port, certs.client_context()) as first:
+        assert first.answer(first.request("GET", "/healthz")).status == 200
+        with H2Client(gw.port, certs.client_context()) as second:
+            assert second.until_closed()
+            assert second.goaway is not None and second.goaway.last_stream_id == 0
+            assert second.goaway.additional_data == b"max_client_connections"
+        assert first.answer(first.request("GET", "/healthz")).status == 200
