@@ -260,6 +260,8 @@ class Server:
         if self.state.tls is not None:
             loop.add_signal_handler(signal.SIGHUP, reload_certificates, self.state)
             handled.append(signal.SIGHUP)
+            if _early_hup:  # one came while the process started: its files may be older
+                reload_certificates(self.state)
         return handled
 
     def _on_signal(self, sig: int) -> None:
@@ -274,6 +276,21 @@ class Server:
         assert self._loop is not None and self._stop is not None and self.parent_fd is not None
         self._loop.remove_reader(self.parent_fd)
         self._stop.set()
+
+
+_early_hup = False
+
+
+def defer_sighup() -> None:
+    """Until the server's own handler is in place, a SIGHUP (a certificate re-read asked for
+    while the process starts) is noted, not fatal — its default action ends the process —
+    and the server re-reads once it listens."""
+
+    def note(sig: int, frame: object) -> None:
+        global _early_hup
+        _early_hup = True
+
+    signal.signal(signal.SIGHUP, note)
 
 
 def reload_certificates(state: ServerState) -> None:
@@ -378,6 +395,8 @@ def serve(config: Config) -> int:
     use, not this machine's, a privileged port) is one line naming it and exit status
     :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
     server = config.server
+    if server.tls is not None:
+        defer_sighup()
     configure_logging(config)
     warning = exposure_warning(config)
     if warning is not None:
@@ -417,6 +436,7 @@ __all__ = [
     "Server",
     "bind",
     "configure_logging",
+    "defer_sighup",
     "end_by_sigint",
     "exposure_warning",
     "live_view_line",

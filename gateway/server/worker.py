@@ -15,7 +15,7 @@ import logging
 import socket
 from collections.abc import Sequence
 
-from gateway.server.process import Server, configure_logging, end_by_sigint
+from gateway.server.process import Server, configure_logging, defer_sighup, end_by_sigint
 from gateway.server.state import server_state
 from gateway.server.supervisor import STARTUP_FAILURE
 
@@ -27,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--parent-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    defer_sighup()  # the supervisor passes SIGHUP on only with [server.tls]: never fatal here
     try:
         from gateway.app import Gateway
         from gateway.config import load_config
