@@ -111,6 +111,8 @@ class Answer:
     ended: bool = False
     #: RST_STREAM's error code from the server (None: not reset)
     reset: int | None = None
+    #: the statuses of informational answers (100 Continue)
+    informational: list[int] = field(default_factory=list)
 
 
 class H2Client:
@@ -246,6 +248,8 @@ class H2Client:
         if isinstance(event, h2.events.ResponseReceived) and answer is not None:
             answer.headers = dict(event.headers)
             answer.status = int(answer.headers[b":status"])
+        elif isinstance(event, h2.events.InformationalResponseReceived) and answer is not None:
+            answer.informational.append(int(dict(event.headers)[b":status"]))
         elif isinstance(event, h2.events.DataReceived) and answer is not None:
             answer.body += event.data
             flow = event.flow_controlled_length

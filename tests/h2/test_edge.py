@@ -239,3 +239,18 @@ def test_connections_beyond_max_client_connections_get_goaway(gateway, certs):
             assert second.goaway is not None and second.goaway.last_stream_id == 0
             assert second.goaway.additional_data == b"max_client_connections"
         assert first.answer(first.request("GET", "/healthz")).status == 200
+
+
+def test_expect_100_continue_on_a_stream(gateway, certs):
+    """The informational 100 goes out when the app first reads the body, not before."""
+    gw = tls_gateway(gateway, certs)
+    body = orjson.dumps({"model": "gpt-4o", "messages": MSG})
+    head = [("content-type", "application/json"), ("expect", "100-continue")]
+    head.append(("content-length", str(len(body))))
+    with H2Client(gw.port, certs.client_context()) as c:
+        sid = c.request("POST", "/v1/chat/completions", headers=head, end=False)
+        assert c.until(lambda: c.answers[sid].informational == [100])
+        c.conn.send_data(sid, body, end_stream=True)
+        c.flush()
+        answer = c.answer(sid)
+        assert answer.status == 200 and b"chat.completion" in answer.body
