@@ -43,6 +43,7 @@ HTTP/1.1 (a client that needs it connects with ALPN ``http/1.1``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, cast
 
@@ -118,6 +119,8 @@ class Http2Protocol(Http2Guards):
         self.goaway_last: int | None = None
         #: why the connection ends once no stream is in flight (None: it goes on)
         self.ending: bytes | None = None
+        #: streams answered before their request body ended: until when it is read and dropped
+        self._discard: dict[int, float] = {}
         self.requests = 0
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: tuple[str, int] | None = None
@@ -192,10 +195,10 @@ class Http2Protocol(Http2Guards):
             if isinstance(event, DataReceived):
                 stream = streams.get(event.stream_id)
                 flow = event.flow_controlled_length
-                if stream is not None:
+                if stream is not None and not stream.response_complete:
                     stream.received(event.data, flow, self.loop.time())
-                elif flow:  # a stream refused or done: its bytes open the window again
-                    self.h2.acknowledge_received_data(flow, event.stream_id)
+                else:
+                    self._discarded(event.stream_id, flow)
             elif isinstance(event, RequestReceived):
                 self._request(event.stream_id, event.headers, received)
                 if self.transport.is_closing():  # a guard ended the connection
@@ -203,6 +206,7 @@ class Http2Protocol(Http2Guards):
             elif isinstance(event, StreamEnded):
                 if (stream := streams.get(event.stream_id)) is not None:
                     stream.ended()
+                self._discard.pop(event.stream_id, None)
             else:
                 self._event(event)
         self.flush()
@@ -305,19 +309,29 @@ class Http2Protocol(Http2Guards):
         task.add_done_callback(tasks.discard)
 
     def answered(self, stream: Stream) -> None:
-        """An answer is complete; a request body still coming is not needed (RST_STREAM
-        NO_ERROR, RFC 9113 §8.1) and what was buffered of it opens the window again."""
+        """An answer is complete. A request body still coming is read and dropped for up to
+        ``linger_s`` (then RST_STREAM NO_ERROR, RFC 9113 §8.1), as HTTP/1.1's lingering close
+        does: an httpx client sends the whole body before it reads an answer, and waits for a
+        window a reset stream never opens."""
         self.server_state.total_requests += 1
         if stream.more_body:
-            try:
-                self.h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
-                if stream.unacked:
-                    self.h2.acknowledge_received_data(stream.unacked, stream.id)
-            except H2Error:
-                pass
+            self._discard[stream.id] = self.loop.time() + self.client_limits.linger_s
+            if stream.unacked:
+                self._discarded(stream.id, stream.unacked)
             stream.unacked = 0
             stream.body.clear()
             self.flush_soon()
+
+    def _discarded(self, stream_id: int, flow: int) -> None:
+        """DATA of a stream refused, done or answered: dropped, its window opened again (a
+        stream past its ``linger_s`` of that is reset instead)."""
+        deadline = self._discard.get(stream_id)
+        if deadline is not None and self.loop.time() > deadline:
+            del self._discard[stream_id]
+            with contextlib.suppress(H2Error):
+                self.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+        if flow:
+            self.h2.acknowledge_received_data(flow, stream_id)
 
     def finished(self, stream: Stream) -> None:
         """A stream's task is done: its slot is free. The last one of a connection that is
