@@ -109,6 +109,14 @@ def _add_probe_and_doctor(sub: Any) -> None:
     )
     d.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     d.add_argument("--cacert", help="CA bundle to verify https with (default: system store)")
+    d.add_argument(
+        "--idle-wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="leave a connection idle this long to see whether it ends with GOAWAY; longer than "
+        "the server's idle timeout (default: %(default)s, not checked)",
+    )
 
 
 def _at_least_two(value: str) -> int:
@@ -288,6 +296,7 @@ def _doctor(args: argparse.Namespace) -> int:
         thresholds=thresholds,
         timeout=args.timeout,
         cacert=args.cacert,
+        idle_wait=args.idle_wait,
     )
     try:
         report = doctor.run(options)

@@ -99,10 +99,11 @@ class GatewayServer:
         self.port = self.sock.getsockname()[1]
         self.server = Server(server_state(config, self.app), self.sock, grace_s)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.scheme = "https" if config.server.tls is not None else "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> GatewayServer:
         self.thread.start()

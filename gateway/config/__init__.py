@@ -23,7 +23,13 @@ from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
 from gateway.config.identities import ASYMMETRIC, JwtGrantConfig, JwtIssuerConfig
 from gateway.config.key_paths import ConfigError
-from gateway.config.listening import EdgeConfig, EdgeHopConfig, ServerConfig
+from gateway.config.listening import (
+    EdgeConfig,
+    EdgeHopConfig,
+    Http2Config,
+    ServerConfig,
+    TlsConfig,
+)
 from gateway.config.loader import (
     CONFIG_ENV,
     build_config,
@@ -48,6 +54,7 @@ __all__ = [
     "ConfigError",
     "EdgeConfig",
     "EdgeHopConfig",
+    "Http2Config",
     "JwtGrantConfig",
     "JwtIssuerConfig",
     "LoggingConfig",
@@ -58,6 +65,7 @@ __all__ = [
     "RouteConfig",
     "ServerConfig",
     "TenantConfig",
+    "TlsConfig",
     "TracingConfig",
     "UiConfig",
     "build_config",

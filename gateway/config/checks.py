@@ -50,6 +50,29 @@ def _check_server(s: ServerConfig, err: KeyPathErrors) -> None:
     err.positive(s, "server", "shutdown_grace_s", allow_zero=True)
     for problem in check_entries(s.allowed_origins or ()):
         err("server.allowed_origins", problem)
+    _check_tls_http2(s, err)
+
+
+def _check_tls_http2(s: ServerConfig, err: KeyPathErrors) -> None:
+    """``[server.tls]``, ``[server.http2]``, ``[server] h2c`` (docs/spec.md §27). The files are
+    read when the server starts: a path that cannot be read is its one-line startup error."""
+    if s.tls is not None:
+        for name in ("cert_file", "key_file"):
+            if not getattr(s.tls, name).strip():
+                err(f"server.tls.{name}", "must name a PEM file")
+        if s.tls.client_ca_file is not None and not s.tls.client_ca_file.strip():
+            err("server.tls.client_ca_file", "must name a PEM file (or be left out)")
+    h = s.http2
+    err.positive(h, "server.http2", "max_concurrent_streams", "max_header_list_bytes")
+    err.positive(h, "server.http2", "max_headers", "max_requests_per_connection")
+    err.positive(h, "server.http2", "idle_timeout_s", "stalled_stream_timeout_s")
+    err.positive(h, "server.http2", "resets_per_s", "reset_burst")
+    err.positive(h, "server.http2", "control_frames_per_s", "control_frame_burst")
+    err.positive(h, "server.http2", "max_continuation_frames", allow_zero=True)
+    if h.max_concurrent_streams > 2**31 - 1:
+        err("server.http2.max_concurrent_streams", "must be < 2**31")
+    if s.h2c and not h.enabled:
+        err("server.h2c", "needs [server.http2] enabled = true")
 
 
 def _check_backends(backends: tuple[BackendConfig, ...], err: KeyPathErrors) -> set[str]:

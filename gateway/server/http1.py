@@ -62,6 +62,9 @@ class Http1Protocol(ClientGuards):
     """One client connection (see the module), built by the server per accepted socket with
     the :class:`~gateway.server.state.ServerState` all its connections share."""
 
+    #: the scope's ``scheme`` (a TLS connection's protocol is given ``https``)
+    scheme = "http"
+
     def __init__(self, state: ServerState, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.server_state = state
         self.app = state.app

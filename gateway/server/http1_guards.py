@@ -93,6 +93,8 @@ class ClientGuards(asyncio.Protocol):
     never per chunk): a request that arrives in one read costs none."""
 
     transport: asyncio.Transport
+    #: ``http``, or ``https`` on a TLS connection (:mod:`gateway.server.connections`)
+    scheme: str
     limits: ClientLimits
     lifespan_state: dict[str, Any]
     client: tuple[str, int] | None
@@ -149,7 +151,7 @@ class ClientGuards(asyncio.Protocol):
             "http_version": "1.1",
             "server": self.server,
             "client": self.client,
-            "scheme": "http",
+            "scheme": self.scheme,
             "root_path": "",
             "headers": headers,
             "state": self.lifespan_state.copy(),

@@ -11,7 +11,8 @@ event loop:
          ─▶ cancel what is left ─▶ lifespan shutdown ─▶ exit 0
 
 Each client connection is served by the protocol :mod:`gateway.server.connections` picks
-(HTTP/1.1: :class:`gateway.server.http1.Http1Protocol`), built with the
+(HTTP/1.1: :class:`gateway.server.http1.Http1Protocol`; with ``[server.tls]`` or ``h2c``, HTTP/2:
+:class:`gateway.server.http2.Http2Protocol`), built with the
 :class:`~gateway.server.state.ServerState` all connections of the process share. Nothing runs
 per request here: the one timer of the server sets the ``date`` line again each second.
 
@@ -36,7 +37,9 @@ What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, 
   success. SIGINT drains the same way and then ends the process by SIGINT (the shell's
   convention for Ctrl+C); a second SIGINT during the drain cancels what is left at once.
 - SIGHUP runs the reload hooks (:func:`on_reload`), one after the other, on the loop: the
-  config file read again (docs/spec.md §29); no connection is touched.
+  config file read again (docs/spec.md §29) and, with ``[server.tls]``, the certificate
+  (:func:`reload_certificates`, docs/spec.md §27); no connection is touched, open ones keep
+  their certificate.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from gateway.config import Config, is_loopback
 from gateway.server.connections import protocol_factory
 from gateway.server.state import ServerState, date_line, origin_policy, server_state
 from gateway.server.supervisor import STARTUP_FAILURE, Supervisor
+from gateway.server.tls import ServerTls, TlsError
 from gateway.types import ASGIApp
 
 #: the listen backlog (the kernel caps it at net.core.somaxconn)
@@ -204,8 +208,16 @@ class Server:
             return STARTUP_FAILURE
         log.info(f"gateway: application startup complete (process {os.getpid()})")
         if not self._stop.is_set():  # not stopped while it started: listen
+            tls = state.tls
             server = await loop.create_server(
-                protocol_factory(state, loop), sock=self.sock, backlog=BACKLOG
+                protocol_factory(state, loop),
+                sock=self.sock,
+                backlog=BACKLOG,
+                ssl=tls.context if tls is not None else None,
+                # a handshake is part of the head the client owes; a client that never answers
+                # the TLS close is cut as a lingering close is (docs/spec.md §27)
+                ssl_handshake_timeout=state.limits.header_timeout_s if tls is not None else None,
+                ssl_shutdown_timeout=state.limits.linger_s if tls is not None else None,
             )
             self._tick()
             self.started = True
@@ -296,6 +308,27 @@ def on_reload(state: ServerState, app: Any) -> None:
             state.origins = origin_policy(app.config)
 
     state.reload_hooks.append(reload_config)
+    if state.tls is not None:
+
+        async def reload_tls() -> None:
+            reload_certificates(state)
+
+        state.reload_hooks.append(reload_tls)
+
+
+def reload_certificates(state: ServerState) -> None:
+    """SIGHUP with ``[server.tls]``: the certificate, its key and the client CA are read again
+    from their files; handshakes from now on get them, connections already open keep theirs
+    (none is dropped). Files that cannot be used leave the old ones in place (docs/spec.md
+    §27)."""
+    tls = state.tls
+    if tls is None:
+        return
+    error = tls.reload()
+    if error is None:
+        log.info(f"gateway: SIGHUP: TLS certificate re-read from {tls.cfg.cert_file}")
+    else:
+        log.error(f"gateway: SIGHUP: the TLS certificate was not replaced: {error}")
 
 
 def write_pid_file(path: str | None) -> Callable[[], None]:
@@ -320,10 +353,20 @@ def end_by_sigint() -> None:
     signal.raise_signal(signal.SIGINT)
 
 
+def serving_line(config: Config, address: str) -> str:
+    """The address served and its protocols: ``https://127.0.0.1:8443 (h2, http/1.1)``."""
+    s = config.server
+    h2 = s.http2.enabled
+    if s.tls is not None:
+        return f"https://{address} ({'h2, ' if h2 else ''}http/1.1)"
+    return f"http://{address} ({'http/1.1, h2c' if s.h2c and h2 else 'http/1.1'})"
+
+
 def live_view_line(config: Config, address: str) -> str:
     """Where the live view is, or why it is off and how to turn it on (docs/spec.md §18)."""
     if config.ui.enabled:
-        return f"gateway: live view on http://{address}{config.ui.path}"
+        scheme = "https" if config.server.tls is not None else "http"
+        return f"gateway: live view on {scheme}://{address}{config.ui.path}"
     return (
         "gateway: live view off (it is on by default only when listening on loopback or with "
         '[auth] mode = "keys"); [ui] enabled = true turns it on'
@@ -395,6 +438,12 @@ def serve(config: Config) -> int:
     if warning is not None:
         log.warning(warning)
     address = _address(server.host, server.port)
+    if server.tls is not None:  # each worker reads the files again: they are checked here once
+        try:
+            ServerTls(server.tls, ())
+        except TlsError as exc:
+            log.error(f"gateway: cannot serve TLS: {exc}")
+            return STARTUP_FAILURE
     try:
         sock = bind(server.host, server.port)
     except OSError as exc:
@@ -403,7 +452,7 @@ def serve(config: Config) -> int:
         return STARTUP_FAILURE
     remove_pid_file = write_pid_file(server.pid_file)
     with sock:
-        log.info(f"gateway: serving on http://{address} (config: {config.source})")
+        log.info(f"gateway: serving on {serving_line(config, address)} (config: {config.source})")
         log.info(live_view_line(config, address))
         try:
             if server.workers > 1:
@@ -433,6 +482,8 @@ __all__ = [
     "exposure_warning",
     "live_view_line",
     "on_reload",
+    "reload_certificates",
     "serve",
+    "serving_line",
     "write_pid_file",
 ]

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Protocol
 
-from gateway.config import Config
+from gateway.config import Config, Http2Config
 from gateway.origins import OriginPolicy
+from gateway.server.tls import ALPN_H2, ALPN_HTTP1, ServerTls
 from gateway.types import ASGIApp
 
 #: an idle kept-alive client connection is closed after this long (uvicorn's default, kept)
@@ -72,6 +73,9 @@ class ServerState:
         ws_enabled: bool = False,
         ws_max_size: int = 16 * 1024 * 1024,
         origins: OriginPolicy | None = None,
+        tls: ServerTls | None = None,
+        http2: Http2Config | None = None,
+        h2c: bool = False,
     ) -> None:
         self.app = app
         #: the lifespan state (ASGI ``scope["state"]``): each request gets a shallow copy
@@ -87,6 +91,12 @@ class ServerState:
         self.ws_max_size = ws_max_size
         #: ``[server] allowed_origins`` (docs/spec.md §25)
         self.origins = origins or OriginPolicy(None)
+        #: ``[server.tls]``: the listening context (None: plain TCP)
+        self.tls = tls
+        #: ``[server.http2]`` when HTTP/2 is served (over TLS by ALPN; in clear with ``h2c``)
+        self.http2 = http2
+        #: cleartext HTTP/2 by prior knowledge beside HTTP/1.1 (docs/spec.md §27)
+        self.h2c = h2c and http2 is not None
         #: the open connections and the running request tasks (what the drain waits for)
         self.connections: set[Served] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -99,7 +109,14 @@ class ServerState:
 def server_state(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> ServerState:
     """What the connections of a gateway process share: the app, the ``[server]`` guards,
     WebSocket upgrades (``GET /v1/realtime``, docs/spec.md §19) with frames over ``[realtime]
-    max_message_bytes`` closing the session (1009), the Origin policy (docs/spec.md §25)."""
+    max_message_bytes`` closing the session (1009), the Origin policy (docs/spec.md §25), TLS
+    and HTTP/2 (docs/spec.md §27; a ``[server.tls]`` file that cannot be read raises
+    :class:`~gateway.server.tls.TlsError`)."""
+    s = config.server
+    http2 = s.http2 if s.http2.enabled else None
+    tls = None
+    if s.tls is not None:
+        tls = ServerTls(s.tls, (ALPN_H2, ALPN_HTTP1) if http2 is not None else (ALPN_HTTP1,))
     return ServerState(
         app,
         limits=client_limits(config),
@@ -107,6 +124,9 @@ def server_state(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> Se
         ws_enabled=True,
         ws_max_size=config.realtime.max_message_bytes,
         origins=origin_policy(config),
+        tls=tls,
+        http2=http2,
+        h2c=s.h2c,
     )
 
 

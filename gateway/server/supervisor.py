@@ -12,6 +12,7 @@ one of the workers accepting on it.
   workers too, and one SIGINT plus one SIGTERM is still one drain), waits for them and exits 0
   — or :data:`STARTUP_FAILURE` when a worker could not start. A second SIGINT is passed on as
   SIGINT: the workers cancel what is left.
+- SIGHUP (with ``[server.tls]``): passed on to every worker, which re-reads the certificate.
 - a worker whose app could not start (exit status 3) stops them all: a startup that failed once
   fails again. A worker that ends otherwise while nothing asked it to (killed, crashed) is
   replaced by a new one.
@@ -46,7 +47,12 @@ POLL_S = 0.1
 class Supervisor:
     """The worker processes on one bound socket (see the module)."""
 
-    def __init__(self, sock: socket.socket, workers: int, command: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        workers: int,
+        command: list[str] | None = None,
+    ) -> None:
         self.sock = sock
         self.count = workers
         #: the worker's command line (tests start a stand-in); the fds are appended to it
@@ -117,7 +123,10 @@ class Supervisor:
     def _on_reload(self, sig: int, frame: FrameType | None) -> None:
         if self.stopping:
             return
-        log.info(f"gateway: SIGHUP: each of the {len(self.workers)} workers reads the config")
+        log.info(
+            f"gateway: SIGHUP: each of the {len(self.workers)} workers reads the config"
+            " (and the TLS certificate)"
+        )
         for worker in list(self.workers):
             if worker.poll() is None:
                 worker.send_signal(signal.SIGHUP)

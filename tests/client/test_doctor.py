@@ -24,7 +24,9 @@ from tests.client.doctor_support import (
 )
 from tests.support import Process, config_for, free_port, gateway_cli, openai_client
 
-CHECKS = ["dns", "connect", "tls", "ttfb", "http2", "encoding", "streaming", "proxy", "cache"]
+CHECKS = [
+    "dns", "connect", "tls", "ttfb", "http2", "idle", "encoding", "streaming", "proxy", "cache"
+]  # fmt: skip
 KEYS = {"name", "value", "unit", "threshold", "verdict", "hint", "detail"}
 
 
@@ -49,8 +51,10 @@ def test_gateway_in_front_of_a_paced_upstream_passes_every_check(gateway, paced_
     assert all(set(c) == KEYS for c in report["checks"])
     checks = checks_by_name(report)
     assert checks["tls"]["verdict"] == "skip"  # plain http
+    assert checks["idle"]["verdict"] == "skip"  # no --idle-wait
+    assert "--idle-wait" in checks["idle"]["hint"]
     for name in CHECKS:
-        if name != "tls":
+        if name not in ("tls", "idle"):
             assert checks[name]["verdict"] == "ok", checks[name]
     assert checks["http2"]["value"] == "HTTP/1.1, 1 connection for 5 requests"
     assert checks["encoding"]["value"] in ("br", "zstd", "gzip")

@@ -7,6 +7,7 @@ measured value, threshold, verdict (``ok`` | ``warn`` | ``fail`` | ``skip``), wh
 
 - ``dns``, ``connect``, ``tls``: :mod:`.network`;
 - ``http2`` (reuse), and the ``did you mean BASE/v1?`` hint: :mod:`.reuse`;
+- ``idle`` (an idle connection ends with GOAWAY, not silently; ``--idle-wait``): :mod:`.idle_close`;
 - ``ttfb``: :mod:`.ttfb`;
 - ``encoding``: :mod:`.compression`;
 - ``streaming``: :mod:`.stream_pacing`;

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.client.doctor.cache_hit import check_cache
 from gateway.client.doctor.compression import check_encoding
+from gateway.client.doctor.idle_close import check_idle
 from gateway.client.doctor.network import network_checks
 from gateway.client.doctor.proxy_time import check_proxy
 from gateway.client.doctor.report import Report
@@ -34,6 +35,8 @@ class Options:
     thresholds: Mapping[str, float] = field(default_factory=dict)
     timeout: float = 30.0
     cacert: str | None = None
+    #: seconds a connection is left idle for the idle row (0: the row is skipped)
+    idle_wait: float = 0.0
 
 
 def run(options: Options) -> Report:
@@ -70,5 +73,12 @@ def run(options: Options) -> Report:
         streaming, stream = check_streaming(client, model, th)
         proxy = check_proxy([a for a in (answer, stream) if a is not None], th)
         cache = check_cache(client, model)
-    checks += [ttfb, reuse, encoding, streaming, proxy, cache]
+    idle = check_idle(
+        base,
+        options.idle_wait,
+        api_key=options.api_key,
+        cacert=options.cacert,
+        timeout=options.timeout,
+    )
+    checks += [ttfb, reuse, idle, encoding, streaming, proxy, cache]
     return Report(base, model, checks)

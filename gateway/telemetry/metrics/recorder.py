@@ -83,8 +83,11 @@ class Metrics:
             "gateway_errors", "Answers that were errors", ("status_code", "error_type")
         )
         self.cache = Counter("gateway_cache_requests", "Cache outcomes", ("result",))
+        #: the protocol the client spoke (docs/spec.md §27)
+        self.protocols = Counter("gateway_requests_by_protocol", _PROTOCOLS_DOC, ("protocol",))
         self.spend = SpendMetrics()
-        self.counters = (self.requests, self.tokens, self.errors, self.cache, *self.spend.counters)
+        self.counters: tuple[Counter, ...] = (self.requests, self.tokens, self.errors)
+        self.counters = (*self.counters, self.cache, self.protocols, *self.spend.counters)
         self.histograms: tuple[Histogram, ...] = (
             self.request_duration,
             self.upstream_duration,
@@ -101,7 +104,8 @@ class Metrics:
         self.histograms = (*self.histograms, self.loop_lag)
         self.use_routes(route_patterns)
         self._models: set[str] = set()
-        #: (route, model, answered model, status, backend, cache, cache error, tenant) -> rows
+        #: (route, model, answered model, status, backend, cache, cache error, tenant, HTTP
+        #: version) -> rows
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._gauges = gauges
         #: requests in flight (their route is read at scrape time: it may not be known yet)
@@ -202,13 +206,15 @@ class Metrics:
             cache.result,
             cache.error,
             ctx.tenant,
+            ctx.scope.get("http_version"),
         )
         plan = self._plans.get(key) or self._plan(ctx, key)
         plan.record(self, ctx)
 
     def _plan(self, ctx: RequestContext, key: tuple[Any, ...]) -> _Plan:
-        route, _model, _answered, status, backend, result, error, tenant = key
+        route, _model, _answered, status, backend, result, error, tenant, version = key
         plan = _Plan(self, route, self.model_label(ctx), str(status), backend, tenant or "-")
+        plan.protocol = (protocol_label(version),)
         plan.error = None if (kind := ctx.answer.error_type()) is None else (plan.status, kind)
         plan.cache = None if result == "off" else (result,)
         plan.cache_error = bool(error)
@@ -302,19 +308,23 @@ class Metrics:
 
     def families(self, snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
         """prometheus-client metric families of the merged snapshots."""
-        for c in self.counters:
-            family = UnknownMetricFamily if c.untyped else CounterMetricFamily
-            fam = family(c.name, c.doc, labels=c.labelnames)
-            for labels, value in merge_counters(snapshots, c.name).items():
-                fam.add_metric(labels, value)
-            yield fam
-        for h in self.histograms:
-            yield histogram_family(h, snapshots)
-        for name, (doc, labelnames, combine) in GAUGES.items():
-            gauge = GaugeMetricFamily(name, doc, labels=labelnames)
-            for labels, value in merge_gauges(snapshots, name, combine).items():
-                gauge.add_metric(labels, value)
-            yield gauge
+        return _families(self, snapshots)
+
+
+def _families(m: Metrics, snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
+    for c in m.counters:
+        family = UnknownMetricFamily if c.untyped else CounterMetricFamily
+        fam = family(c.name, c.doc, labels=c.labelnames)
+        for labels, value in merge_counters(snapshots, c.name).items():
+            fam.add_metric(labels, value)
+        yield fam
+    for h in m.histograms:
+        yield histogram_family(h, snapshots)
+    for name, (doc, labelnames, combine) in GAUGES.items():
+        gauge = GaugeMetricFamily(name, doc, labels=labelnames)
+        for labels, value in merge_gauges(snapshots, name, combine).items():
+            gauge.add_metric(labels, value)
+        yield gauge
 
 
 def _record(m: Metrics, ctx: RequestContext, edges: list[EdgeHop]) -> None:
@@ -333,6 +343,7 @@ def _record(m: Metrics, ctx: RequestContext, edges: list[EdgeHop]) -> None:
     upstream_s = _one_attempt(attempts[0], done) if len(attempts) == 1 else ctx.upstream_time(done)
     trace_id, now = _exemplar(ctx)
     m.requests.inc((route, model, status))
+    m.protocols.inc((protocol_label(ctx.scope.get("http_version")),))
     m.request_duration.observe((route, model), request_s, trace_id, now)
     overhead_s = max(0.0, request_s - upstream_s - t.backoff)  # waits are not overhead
     m.overhead.observe((route,), overhead_s, trace_id, now)
@@ -371,6 +382,7 @@ class _Plan:
         "model",
         "output",
         "overhead",
+        "protocol",
         "request",
         "status",
         "unpriced",
@@ -393,6 +405,7 @@ class _Plan:
         self.error: tuple[str, str] | None = None
         self.cache: tuple[str] | None = None
         self.cache_error = False
+        self.protocol = ("HTTP/1.1",)
 
     def record(self, m: Metrics, ctx: RequestContext) -> None:
         """:meth:`Metrics._record` of a request of one attempt or none, without error or edge
@@ -404,6 +417,7 @@ class _Plan:
         upstream_s = _one_attempt(attempts[0], done) if attempts else 0.0
         trace_id, now = _exemplar(ctx)
         _inc(m.requests.values, self.request, 1.0)
+        _inc(m.protocols.values, self.protocol, 1.0)
         _put(self.duration, request_s, trace_id, now)
         _put(self.overhead, max(0.0, request_s - upstream_s - t.backoff), trace_id, now)
         if self.upstream is not None:
@@ -432,6 +446,22 @@ class _Plan:
             _inc(m.cache.values, self.cache, 1.0)
         if self.cache_error:
             _inc(m.cache.values, ("error",), 1.0)
+
+
+_PROTOCOLS = {"1.1": "HTTP/1.1", "2": "HTTP/2", "1.0": "HTTP/1.0"}
+_PROTOCOLS_DOC = "Requests answered, by the protocol the client spoke (HTTP/1.1, HTTP/2)"
+
+
+def protocol_label(http_version: object) -> str:
+    """The ``protocol`` label of an ASGI ``http_version`` (bounded: anything else is
+    ``other``).
+
+    >>> protocol_label("2"), protocol_label(None), protocol_label("9")
+    ('HTTP/2', 'HTTP/1.1', 'other')
+    """
+    if http_version is None:
+        return "HTTP/1.1"
+    return _PROTOCOLS.get(str(http_version), "other")
 
 
 #: a histogram's row of one label tuple, its exemplars and bucket bounds

@@ -495,6 +495,7 @@ def _root_attrs(tree: _Tree, request_s: float) -> list[bytes]:
         ctx.method,
         path,
         ctx.scope.get("scheme", "http"),
+        ctx.scope.get("http_version", "1.1"),
         route_template(path),
         answer.status,
         ctx.client_address,

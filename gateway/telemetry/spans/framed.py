@@ -375,6 +375,7 @@ def _common_root(tree: _Tree) -> bytes:
         ctx.method,
         ctx.path,
         ctx.scope.get("scheme", "http"),
+        ctx.scope.get("http_version", "1.1"),
         ctx.answer.status,
         ctx.client_address,
         ctx.cache.result,
@@ -412,15 +413,17 @@ def _common_root(tree: _Tree) -> bytes:
 
 
 def _root_parts(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    method, path, scheme, status, client, result, route, model, tenant, id_bytes, lag, n = key
+    method, path, scheme, version, status, client, result, route, model, tenant, ids, lag, n = key
     template = route_template(path)
-    stable = (method, path, scheme, template, status, client, result, route, model, tenant, n)
+    stable = (
+        method, path, scheme, version, template, status, client, result, route, model, tenant, n
+    )  # fmt: skip
     group = _GROUPS.get(stable) or _group(stable, _ROOT_NAMES)
     c0 = otlp.name_kind(f"{method} {template}", otlp.KIND_SERVER) + b"\x39"
     c1 = group + _F_REQUEST
     # gateway.request_id's framing depends only on the length of its value
-    c4 = _str("gateway.request_id", "a" * id_bytes)[: -id_bytes or None]
-    fmt = f"<{len(c0)}sQsQ{len(c1)}sd{len(_F_UPSTREAM)}sd{len(_F_OVERHEAD)}sd{len(c4)}s{id_bytes}s"
+    c4 = _str("gateway.request_id", "a" * ids)[: -ids or None]
+    fmt = f"<{len(c0)}sQsQ{len(c1)}sd{len(_F_UPSTREAM)}sd{len(_F_OVERHEAD)}sd{len(c4)}s{ids}s"
     if lag:
         fmt += f"{len(_F_LAG)}sd"
     parts = (struct.Struct(fmt).pack, c0, c1, _F_UPSTREAM, _F_OVERHEAD, c4)

@@ -45,6 +45,7 @@ _ROOT_NAMES = (
     "http.request.method",
     "url.path",
     "url.scheme",
+    "network.protocol.version",
     "http.route",
     "http.response.status_code",
     "client.address",
