@@ -152,7 +152,10 @@ def test_a_get_no_server_streams_for_is_answered_alike_and_is_no_failure(gateway
             r = http.get(url, headers={**ACCEPT, "mcp-session-id": sid})
             answers.append((r.status_code, r.headers["allow"], r.json()["error"]["code"]))
     assert answers == [(405, "POST, DELETE", -32000)] * 2
-    gets = [x for x in access_lines if x["method"] == "GET"]
+    deadline = time.monotonic() + 5  # a request's line is written as it ends, after its answer
+    while len(gets := [x for x in access_lines if x["method"] == "GET"]) < 2:
+        assert time.monotonic() < deadline, gets
+        time.sleep(0.01)
     assert [x["path"] for x in gets] == ["/mcp/builtin", "/mcp"]
     for line in gets:
         assert line["status"] == 405 and line["mcp"]["status"] == "no_stream"
