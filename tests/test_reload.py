@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from gateway.config import ConfigError, load_config
 from gateway.snapshots import merge
 from tests.gateway_process import gateway_process
 from tests.model_api_support import metric_lines, metric_value
-from tests.support import Process, gateway_cli, gateway_config, openai_client, until
+from tests.support import Process, free_port, gateway_cli, gateway_config, openai_client, until
 from tests.test_locustfile import run_locust
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -235,6 +236,33 @@ def test_the_supervisor_passes_sighup_to_every_worker(tmp_path):
         wait_for(lambda: reloads(proc, "ok") == 2, "both workers' reloads")
         for _ in range(10):  # a new connection each: whichever worker takes it
             assert served(proc, "claude-sonnet-4") and not served(proc, "gpt-4o")
+
+
+#: ``gateway serve`` with a SIGHUP already pending as it starts: a reload asked before the
+#: server handles the signal (the case of a worker that is still starting)
+SIGHUP_BEFORE_START = """
+import os, signal, sys
+from gateway.config import load_config
+from gateway.server.process import hold_sighup, serve
+hold_sighup()
+os.kill(os.getpid(), signal.SIGHUP)
+raise SystemExit(serve(load_config(sys.argv[1])))
+"""
+
+
+def test_a_reload_asked_while_the_gateway_starts_is_held_not_lost(tmp_path):
+    """SIGHUP is blocked (held), not ignored, until the app has started: the reload asked
+    meanwhile runs once, after startup, and the process keeps serving."""
+    port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"[server]\nport = {port}\n" + ROUTES.format(url="mock://"))
+    proc = Process([sys.executable, "-c", SIGHUP_BEFORE_START, str(config)], port)
+    try:
+        wait_for(lambda: reloads(proc, "ok") == 1, "the held reload")
+        assert served(proc, "gpt-4o")
+    finally:
+        proc.stop()
+    assert proc.proc.returncode == 0, proc.output
 
 
 BASE = """

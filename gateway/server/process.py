@@ -207,6 +207,7 @@ class Server:
             log.error("gateway: application startup failed; exiting")
             return STARTUP_FAILURE
         log.info(f"gateway: application startup complete (process {os.getpid()})")
+        release_sighup()  # a reload asked while it started runs now, on what it started with
         if not self._stop.is_set():  # not stopped while it started: listen
             tls = state.tls
             server = await loop.create_server(
@@ -425,6 +426,19 @@ def configure_logging(config: Config) -> None:
     logging.captureWarnings(True)  # py.warnings through the same handlers
 
 
+def hold_sighup() -> None:
+    """Block SIGHUP in this thread until :func:`release_sighup` (a reload asked meanwhile stays
+    pending: the kernel keeps one)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+
+def release_sighup() -> None:
+    """Unblock SIGHUP: the loop's handler (installed by :meth:`Server.run`) takes a pending one."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+
+
 def serve(config: Config) -> int:
     """Run the gateway until SIGTERM (drained: 0) or SIGINT; workers > 1 under the supervisor.
 
@@ -432,7 +446,7 @@ def serve(config: Config) -> int:
     use, not this machine's, a privileged port) is one line naming it and exit status
     :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
     server = config.server
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the server's handler: never a stop
+    hold_sighup()  # until the server's handler: never a stop, never lost
     configure_logging(config)
     warning = exposure_warning(config)
     if warning is not None:

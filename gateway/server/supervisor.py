@@ -17,8 +17,8 @@ one of the workers accepting on it.
   fails again. A worker that ends otherwise while nothing asked it to (killed, crashed) is
   replaced by a new one.
 - SIGHUP is passed on to every worker: each reads the config file again (docs/spec.md §29).
-  A worker starts with SIGHUP ignored until its server handles it, so one that is starting
-  is never stopped by it (it reads the file as it starts).
+  A worker starts with SIGHUP blocked until its app has started, so one that is starting is
+  never stopped by it, and a reload asked meanwhile is held and run once it has started.
 - the workers hold the read end of a pipe whose write end only the parent holds: if the parent
   is killed outright (SIGKILL), the pipe closes and each worker drains and exits on its own.
 """
@@ -69,6 +69,7 @@ class Supervisor:
         handled = (signal.SIGTERM, signal.SIGINT)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_reload)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # held by serve() until here
         # the workers' metrics snapshots, merged by whichever worker answers /metrics
         with tempfile.TemporaryDirectory(prefix="gateway-metrics-") as shared:
             os.environ[METRICS_DIR_ENV] = shared
@@ -90,7 +91,7 @@ class Supervisor:
         worker = subprocess.Popen(
             [*self.command, "--listen-fd", str(listen), "--parent-fd", str(parent)],
             pass_fds=(listen, parent),
-            preexec_fn=_ignore_sighup,  # the supervisor runs no thread: fork-safe here
+            preexec_fn=_hold_sighup,  # the supervisor runs no thread: fork-safe here
         )
         self.workers.append(worker)
         if self.stopping:  # a signal came while it was being started
@@ -142,8 +143,10 @@ class Supervisor:
                 worker.send_signal(forward)
 
 
-def _ignore_sighup() -> None:
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+def _hold_sighup() -> None:
+    """The worker starts with SIGHUP blocked (the mask survives exec): a reload asked while it
+    starts stays pending and is delivered once its server handles it — never lost, never a stop."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
 
 
 __all__ = ["POLL_S", "STARTUP_FAILURE", "Supervisor"]
