@@ -41,6 +41,8 @@ from gateway.context import Attempt, RequestContext
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.fleet.health import CONNECTION_FAILED, SUCCESS, Health, RoutePlan, answer_outcome
 from gateway.routes import Backend
+from gateway.streaming.bodies import upstream_answered
+from gateway.transports import Transport, UpstreamResponse
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 BACKOFF_BASE_S = 0.1
@@ -148,6 +150,27 @@ def open_attempt(ctx: RequestContext, backend: Backend, number: int, span_id: in
     if ctx.timeline.upstream_sent is None:
         ctx.timeline.upstream_sent = attempt.start
     return attempt
+
+
+async def send_once(
+    ctx: RequestContext,
+    attempt: Attempt,
+    transport: Transport,
+    request: tuple[str, str, list[tuple[str, str]], bytes | None],
+) -> UpstreamResponse:
+    """One request of an attempt that is not retried (an MCP exchange, an A2A call):
+    ``request`` is (method, url, headers, body); a failure is the attempt's error and ends it,
+    an answer's status and head time are the attempt's."""
+    method, url, headers, body = request
+    try:
+        resp = await transport.request(method, url, headers, body)
+    except GatewayError as exc:
+        attempt.error = exc
+        attempt.finished()
+        raise
+    attempt.status = resp.status
+    upstream_answered(ctx, attempt, resp)
+    return resp
 
 
 def retryable(exc: GatewayError, retry_on_timeout: bool) -> bool:

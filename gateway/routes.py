@@ -7,6 +7,7 @@ context can name them without importing any hop.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from urllib.parse import urlsplit
 
 from gateway.config import BackendConfig, RouteConfig
 from gateway.transports.base import Transport
+
+log = logging.getLogger("gateway")
 
 #: docs/spec.md §5: sent to ``provider = "anthropic"`` backends unless the client sent its own
 ANTHROPIC_VERSION = ("anthropic-version", "2023-06-01")
@@ -108,3 +111,22 @@ class Route:
 
     def matches(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, p) for p in self.config.models)
+
+
+def bearer_from_env(env: Mapping[str, str], var: str | None, owner: str) -> list[tuple[str, str]]:
+    """``Authorization: Bearer`` from the environment variable ``var`` names (config names the
+    variable, never the secret); a variable not set is one warning naming ``owner``, and no
+    header.
+
+    >>> bearer_from_env({"K": "s"}, "K", "agent a")
+    [('authorization', 'Bearer s')]
+    >>> bearer_from_env({}, None, "agent a")
+    []
+    """
+    if not var:
+        return []
+    key = env.get(var)
+    if key:
+        return [("authorization", f"Bearer {key}")]
+    log.warning("%s: env var %s is not set; no token is sent", owner, var)
+    return []

@@ -25,7 +25,7 @@ from gateway.a2a.card import WELL_KNOWN, Interface, interfaces
 from gateway.config import AgentConfig, BackendConfig
 from gateway.errors import GatewayError, UpstreamError
 from gateway.mock.agent import BuiltinAgent
-from gateway.routes import Backend
+from gateway.routes import Backend, bearer_from_env
 from gateway.transports import Transport, UpstreamResponse, for_backend
 from gateway.types import RawHeaders
 
@@ -80,16 +80,7 @@ class Agent:
         #: names the attempts (spans, metrics, the access log) as the agent
         self.backend = Backend(backend, self.transport, {})
         self.backend.name = cfg.name
-        creds: list[tuple[str, str]] = []
-        if cfg.api_key_env:
-            key = env.get(cfg.api_key_env)
-            if key:
-                creds.append(("authorization", f"Bearer {key}"))
-            else:
-                log.warning(
-                    "agent %s: env var %s is not set; no token is sent", cfg.name, cfg.api_key_env
-                )
-        self.credentials = tuple(creds)
+        self.credentials = tuple(bearer_from_env(env, cfg.api_key_env, f"agent {cfg.name}"))
         self._card: Card | None = None
         self._reading = asyncio.Lock()
 

@@ -31,11 +31,11 @@ import orjson
 from gateway.a2a.agents import Agent, read_capped
 from gateway.a2a.binding import Binder
 from gateway.a2a.protocol import INTERNAL_ERROR, Facts, Method, facts_of, rest_error, rpc_error
-from gateway.attempts import open_attempt
+from gateway.attempts import open_attempt, send_once
 from gateway.context import Attempt, RequestContext
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
-from gateway.streaming.bodies import upstream_answered, upstream_finished
+from gateway.streaming.bodies import upstream_finished
 from gateway.streaming.relay import until_disconnect
 from gateway.streaming.sse import SSEParser, event_data, event_name
 from gateway.transports import UpstreamResponse
@@ -94,14 +94,7 @@ async def relay(
     assert method is not None
 
     async def exchange() -> None:
-        try:
-            resp = await agent.transport.request(http, url, headers, body)
-        except GatewayError as exc:
-            attempt.error = exc
-            attempt.finished()
-            raise
-        attempt.status = resp.status
-        upstream_answered(ctx, attempt, resp)
+        resp = await send_once(ctx, attempt, agent.transport, (http, url, headers, body))
         if (header_value(resp.headers, b"content-type") or b"").startswith(SSE):
             await _Stream(call, attempt).relay(resp)
         else:

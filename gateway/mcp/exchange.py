@@ -23,12 +23,12 @@ from typing import Any
 
 import orjson
 
-from gateway.attempts import open_attempt
+from gateway.attempts import open_attempt, send_once
 from gateway.context import Attempt, RequestContext
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.headers import header_value
 from gateway.mcp.servers import McpUpstream
-from gateway.streaming.bodies import upstream_answered, upstream_finished
+from gateway.streaming.bodies import upstream_finished
 from gateway.streaming.sse import SSEParser, event_data
 from gateway.transports import UpstreamResponse
 from gateway.types import RawHeaders
@@ -72,15 +72,7 @@ async def send(
     stream: bool = False,
 ) -> UpstreamResponse:
     transport = up.streams if stream else up.transport
-    try:
-        resp = await transport.request(method, up.url, headers, body)
-    except GatewayError as exc:
-        attempt.error = exc
-        attempt.finished()
-        raise
-    attempt.status = resp.status
-    upstream_answered(ctx, attempt, resp)
-    return resp
+    return await send_once(ctx, attempt, transport, (method, up.url, headers, body))
 
 
 async def read_json(

@@ -18,7 +18,7 @@ from typing import cast
 
 from gateway.config import BackendConfig, McpServerConfig
 from gateway.mock.mcp import BuiltinMcpServer
-from gateway.routes import Backend
+from gateway.routes import Backend, bearer_from_env
 from gateway.transports import Transport, for_backend
 
 log = logging.getLogger("gateway")
@@ -56,16 +56,7 @@ class McpUpstream:
         #: names the attempts (spans, metrics) as the server
         self.backend = Backend(post, self.transport, {})
         self.backend.name = cfg.name
-        creds: list[tuple[str, str]] = []
-        if cfg.api_key_env:
-            key = env.get(cfg.api_key_env)
-            if key:
-                creds.append(("authorization", f"Bearer {key}"))
-            else:
-                log.warning(
-                    "mcp server %s: env var %s is not set; no token is sent", cfg.name,
-                    cfg.api_key_env,
-                )  # fmt: skip
+        creds = bearer_from_env(env, cfg.api_key_env, f"mcp server {cfg.name}")
         for spec in cfg.headers_env:
             header, _, var = spec.partition("=")
             value = env.get(var.strip())
