@@ -12,7 +12,6 @@ event is set (bounded): requests can be held in flight together.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
@@ -70,10 +69,6 @@ def cost(f: Figures, price: dict[str, float]) -> float:
     fresh = f.input - f.cached - f.write
     total = fresh * price["input"] + f.cached * cached_price + f.write * write_price
     return (total + f.output * price["output"]) / 1e6
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- protocol bodies

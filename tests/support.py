@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -27,6 +28,11 @@ from gateway.app import Gateway
 from gateway.config import Config, load_config
 from gateway.server.process import Server, bind
 from gateway.server.state import server_state
+
+
+def digest(key: str) -> str:
+    """What ``[[auth.keys]] sha256`` holds for ``key`` (docs/spec.md §12)."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def free_port() -> int:

@@ -36,10 +36,9 @@ from tests.spend_support import (
     Figures,
     UsageUpstream,
     cost,
-    digest,
     sample,
 )
-from tests.support import GatewayServer, ScriptedUpstream, gateway_config
+from tests.support import GatewayServer, ScriptedUpstream, digest, gateway_config
 
 MSG = [{"role": "user", "content": "How much does this cost?"}]
 

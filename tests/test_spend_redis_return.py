@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from tests.redis_support import RedisServer
-from tests.spend_support import AccessLines, Figures, UsageUpstream, digest
-from tests.support import GatewayServer, ScriptedUpstream, gateway_config
+from tests.spend_support import AccessLines, Figures, UsageUpstream
+from tests.support import GatewayServer, ScriptedUpstream, digest, gateway_config
 from tests.test_spend import KEY_A, KEY_TPM, MSG, keys_toml, post
 
 #: max_tokens 6500 at $10/M output: each request reserves ~$0.065 and costs ~$0.065

@@ -8,7 +8,6 @@ fails the test as it would fail a real client.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import time
@@ -21,15 +20,11 @@ import pytest
 
 from gateway.mock.stateful import MockObjects
 from gateway.mock.upstream_app import create_mock_app
-from tests.support import ThreadedServer
+from tests.support import ThreadedServer, digest
 
 T = TypeVar("T")
 
 KEY_ONE, KEY_TWO = "sk-tenant-one", "sk-tenant-two"
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 #: the auth section of a two-tenant config: tenant "t1" (KEY_ONE) and "t2" (KEY_TWO)
@@ -39,11 +34,11 @@ mode = "keys"
 
 [[auth.keys]]
 tenant = "t1"
-sha256 = "{_digest(KEY_ONE)}"
+sha256 = "{digest(KEY_ONE)}"
 
 [[auth.keys]]
 tenant = "t2"
-sha256 = "{_digest(KEY_TWO)}"
+sha256 = "{digest(KEY_TWO)}"
 """
 
 

@@ -19,7 +19,6 @@ keys, at any depth; a prompt that quotes an id as text is text, and a key anothe
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote
@@ -31,28 +30,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.stateful.support import KEY_ONE, KEY_TWO, MockBackend, mixed_toml
+from tests.stateful.support import KEY_ONE, KEY_TWO, TWO_TENANTS, MockBackend, mixed_toml
 from tests.stateful.test_fail_closed import Objects, make_objects
 from tests.support import GatewayServer, gateway_config
 
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-AUTH = f"""
-[auth]
-mode = "keys"
-
-[[auth.keys]]
-tenant = "t1"
-sha256 = "{_digest(KEY_ONE)}"
-
-[[auth.keys]]
-tenant = "t2"
-sha256 = "{_digest(KEY_TWO)}"
-passthrough = ["/v1/threads*", "/v1/fine_tuning/*", "/v1/audio/*"]
-"""
+#: tenant "t2"'s key may pass through the paths the gateway does not place (docs/spec.md §26)
+AUTH = TWO_TENANTS + 'passthrough = ["/v1/threads*", "/v1/fine_tuning/*", "/v1/audio/*"]\n'
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ scripted upstream that records what reaches it; files live on two mock backends.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 import httpx2
 import openai
@@ -19,16 +18,13 @@ from tests.support import (
     GatewayServer,
     ScriptedUpstream,
     SeenRequest,
+    digest,
     gateway_config,
     http_response,
 )
 
 KEY_PLAIN, KEY_GRANTED, KEY_ADMIN, KEY_NARROW = "sk-plain", "sk-granted", "sk-admin", "sk-narrow"
 LISTED = "asst_of_somebody_else_1"
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def config(scripted: str, a: str, b: str, auth: bool = True) -> str:
@@ -38,25 +34,25 @@ mode = "keys"
 
 [[auth.keys]]
 tenant = "t1"
-sha256 = "{_digest(KEY_ONE)}"
+sha256 = "{digest(KEY_ONE)}"
 
 [[auth.keys]]
 tenant = "t2"
-sha256 = "{_digest(KEY_PLAIN)}"
+sha256 = "{digest(KEY_PLAIN)}"
 
 [[auth.keys]]
 tenant = "t2"
-sha256 = "{_digest(KEY_GRANTED)}"
+sha256 = "{digest(KEY_GRANTED)}"
 passthrough = ["/v1/audio/*", "/v1/assistants*", "/v1/fine_tuning/*", "/v1/responses/*"]
 
 [[auth.keys]]
 tenant = "ops"
-sha256 = "{_digest(KEY_ADMIN)}"
+sha256 = "{digest(KEY_ADMIN)}"
 admin = true
 
 [[auth.keys]]
 tenant = "narrow"
-sha256 = "{_digest(KEY_NARROW)}"
+sha256 = "{digest(KEY_NARROW)}"
 passthrough = ["*"]
 
 [[auth.tenants]]
