@@ -308,7 +308,8 @@ class FrameClient:
     def send(self, *frames: Frame | bytes) -> bool:
         """Write (False once the server closed or reset the connection)."""
         data = b"".join(f if isinstance(f, bytes) else f.serialize() for f in frames)
-        try:
+        self.sock.settimeout(10.0)  # a poll() left the socket non-blocking: a full send buffer
+        try:  # would raise BlockingIOError, which is no close
             self.sock.sendall(data)
         except OSError:
             self.closed = True
