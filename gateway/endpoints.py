@@ -245,6 +245,12 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
     sign_ins = rt.auth.sign_ins
     if sign_ins is not None:  # each issuer's JWK Set (docs/spec.md §29): never a reason either
         body["sign_in"] = {ks.url: ks.state() for ks in sign_ins.key_sets()}
+    keys = rt.services.keys if rt.services is not None else None
+    if keys is not None:  # docs/spec.md §28: the known keys are still served, so still ready
+        body["key_store"] = {"store": keys.name, "state": keys.state()}
+        if keys.failure is not None:
+            body["status"] = "degraded"
+            body["degraded"] = ["key_store"]
     await plain_json(send, 200, body)
 
 

@@ -1,0 +1,121 @@
+"""The key store's keys as the auth hop sees them (docs/spec.md §28).
+
+:meth:`StoredEntries.find` is one dict lookup in the process's index
+(:class:`gateway.keys.KeyIndex`): no store round trip per request. A key's
+:class:`~gateway.hops.auth.KeyEntry` is built once per change of the index (the limits and
+budgets named by the key's id, so a rotation keeps its counts and its spend; its tenant's
+budget from the ``[[auth.tenants]]`` of the config, else from the store's tenant), then reused.
+A blocked or expired key is refused with 401 ``key_blocked`` / ``key_expired``; a rotated secret
+past its grace, a deleted key, is unknown (401 ``invalid_api_key``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Literal
+
+from gateway.budgets.limits import Budget
+from gateway.config import AuthKeyConfig, TenantConfig
+from gateway.errors import Unauthorized
+from gateway.hops.auth import KeyEntry, tenant_budget
+from gateway.keys import KeyIndex
+from gateway.keys.records import Record
+
+Period = Literal["day", "week", "month", "total"]
+_PERIODS: dict[str, Period] = {"day": "day", "week": "week", "month": "month", "total": "total"}
+
+
+def limit_id(key_id: str) -> str:
+    """The limiter's name for a key of the store: stable across its rotations."""
+    return hashlib.sha256(b"stored key\0" + key_id.encode()).hexdigest()[:32]
+
+
+def key_policy(record: Record) -> AuthKeyConfig:
+    """A key record as the policy a config key would be."""
+    period = _PERIODS.get(record.get("budget_period") or "", "month")
+    return AuthKeyConfig(
+        tenant=record["tenant"],
+        sha256=record["digest"],
+        models=tuple(record.get("models") or ("*",)),
+        rpm=record.get("rpm"),
+        tpm=record.get("tpm"),
+        budget_usd=record.get("budget_usd"),
+        budget_period=period,
+    )
+
+
+def stored_tenant_budget(record: Record) -> Budget | None:
+    period = _PERIODS.get(record.get("budget_period") or "", "month")
+    return tenant_budget(
+        TenantConfig(
+            name=record["name"],
+            budget_usd=record.get("budget_usd"),
+            budget_period=period,
+        )
+    )
+
+
+class StoredEntries:
+    """The entries of the key store's keys, for :class:`gateway.hops.auth.Auth`."""
+
+    __slots__ = ("_built", "_config_tenants", "_generation", "index")
+
+    def __init__(self, index: KeyIndex, config_tenants: Mapping[str, Budget]) -> None:
+        self.index = index
+        #: the config's tenant budgets: a tenant of the config is managed by it
+        self._config_tenants = config_tenants
+        self._built: dict[str, KeyEntry] = {}
+        self._generation = -1
+
+    def find(self, digest: bytes) -> KeyEntry | None:
+        slot = self.index.by_digest.get(digest)
+        if slot is None:
+            return None
+        record, until = slot
+        now = time.time()
+        if now >= until:  # a rotated secret past its grace
+            return None
+        if record.get("blocked"):
+            raise Unauthorized("this API key is blocked", code="key_blocked")
+        expires = record.get("expires_at")
+        if expires is not None and now >= expires:
+            raise Unauthorized(f"this API key expired at {_iso(expires)}", code="key_expired")
+        return self.entry(record)
+
+    def entry(self, record: Record) -> KeyEntry:
+        if self._generation != self.index.generation:
+            self._built.clear()
+            self._generation = self.index.generation
+        entry = self._built.get(record["id"])
+        if entry is None:
+            of_tenant = self.tenant(record["tenant"])
+            entry = KeyEntry(key_policy(record), of_tenant, limit_id(record["id"]))
+            self._built[record["id"]] = entry
+        return entry
+
+    def tenant(self, name: str) -> Budget | None:
+        if name in self._config_tenants:
+            return self._config_tenants[name]
+        record = self.index.get("t:" + name)
+        return stored_tenant_budget(record) if record is not None else None
+
+    def budgets(self) -> list[tuple[str, str | None, Budget]]:
+        rows: list[tuple[str, str | None, Budget]] = []
+        for t in self.index.tenant_records():
+            if t["name"] not in self._config_tenants and (b := stored_tenant_budget(t)):
+                rows.append((t["name"], None, b))
+        for k in self.index.key_records():
+            own = self.entry(k).allowance.key_budget
+            if own is not None:
+                rows.append((k["tenant"], k["id"], own))
+        return rows
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+__all__ = ["StoredEntries", "key_policy", "limit_id", "stored_tenant_budget"]
