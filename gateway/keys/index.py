@@ -23,12 +23,16 @@ class KeyIndex:
     __slots__ = ("by_digest", "generation", "records", "seen")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (the store lost its data: a Redis restarted without AOF)."""
         #: "k:<id>" / "t:<name>" -> the newest record seen (tombstones included)
         self.records: dict[str, Record] = {}
         self.by_digest: dict[bytes, Slot] = {}
         #: the highest version applied
         self.seen = 0
-        self.generation = 0
+        self.generation = getattr(self, "generation", 0) + 1
 
     def apply(self, record: Record) -> bool:
         """Take ``record`` if it is newer than the one held; whether it was."""

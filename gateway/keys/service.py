@@ -57,6 +57,13 @@ class KeyService:
     async def sync(self) -> bool:
         """Bring the index up to the store's counter; False when the store did not answer."""
         try:
+            if await self.store.version() < self.index.seen:  # the store lost its data
+                log.error(
+                    "key store (%s): its counter went back (a Redis restarted without its "
+                    "data? run it with appendonly yes): reading it again from the start",
+                    self.name,
+                )
+                self.index.reset()
             while await self.store.version() > self.index.seen:
                 changed = await self.store.changes(self.index.seen)
                 for record in changed:

@@ -11,6 +11,7 @@ import time
 import httpx2
 import pytest
 
+from gateway.config import Config
 from tests.admin.admin_support import (
     ADMIN,
     ADMIN_KEY,
@@ -20,7 +21,6 @@ from tests.admin.admin_support import (
     chat,
     code,
 )
-from gateway.config import Config
 from tests.support import GatewayServer, gateway_config
 
 CONFIG_KEY = "config-key-" + "c" * 30
