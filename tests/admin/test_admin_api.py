@@ -11,7 +11,7 @@ import time
 import httpx2
 import pytest
 
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from tests.admin.admin_support import (
     ADMIN,
     ADMIN_KEY,
@@ -21,7 +21,10 @@ from tests.admin.admin_support import (
     chat,
     code,
 )
+from tests.identities.jwks_support import AUDIENCE, ISSUER, jwks, rsa_key, unsigned_token
 from tests.support import GatewayServer, gateway_config
+
+__all__ = ["jwks"]  # the fixture
 
 CONFIG_KEY = "config-key-" + "c" * 30
 
@@ -189,3 +192,41 @@ def test_the_openapi_document_is_served(gateway, tmp_path):
     gw = start(gateway, tmp_path)
     doc = httpx2.get(f"{gw.url}/admin/v1/openapi.json").json()
     assert doc["openapi"].startswith("3.") and "/admin/v1/keys/{id}/rotate" in doc["paths"]
+
+
+def test_a_jwt_admin_may_use_the_api_and_a_plain_subject_may_not(gateway, tmp_path, jwks):
+    key = rsa_key("k1")
+    jwks.keys = [key]
+    issuer = f"""
+[[auth.jwt]]
+issuer = "{ISSUER}"
+audiences = ["{AUDIENCE}"]
+jwks_url = "{jwks.url}"
+algorithms = ["RS256"]
+admin_groups = ["gw-admins"]
+[[auth.jwt.grants]]
+tenant = "research"
+groups = ["ml"]
+"""
+    gw = gateway(gateway_config(admin_toml(issuer, f'data_dir = "{tmp_path}"')))
+    root = key.token(sub="root", groups=["ml", "gw-admins"])
+    alice = key.token(sub="alice", groups=["ml"])
+    made = httpx2.post(f"{gw.url}/admin/v1/keys", json={"tenant": "t"}, headers=bearer(root))
+    assert made.status_code == 201
+    refused = httpx2.get(f"{gw.url}/admin/v1/keys", headers=bearer(alice))
+    assert refused.status_code == 403 and code(refused) == "admin_required"
+    forged = httpx2.get(f"{gw.url}/admin/v1/keys", headers=bearer(unsigned_token("k1")))
+    assert forged.status_code == 401
+    assert forged.json()["error"]["type"] == "authentication_error"
+
+
+def test_config_checks_of_admin():
+    with pytest.raises(ConfigError) as caught:
+        gateway_config(admin_toml(admin_extra='listen = "127.0.0.1:9901"\npoll_s = 5'))
+    text = "\n".join(caught.value.errors)
+    assert "admin.listen" in text and "not built" in text and "admin.poll_s" in text
+    without = '[[backends]]\nname = "m"\nurl = "mock://"\n[[routes]]\nmodels = ["*"]\n'
+    without += 'backends = ["m"]\n[auth]\nmode = "keys"\n'
+    with pytest.raises(ConfigError):
+        gateway_config(without)  # no key, no issuer, no admin key: nobody could call
+    assert gateway_config(admin_toml()).admin.key_env  # keys made at runtime will do
