@@ -34,6 +34,8 @@ def validate(cfg: Config, errors: list[str]) -> None:
         err("logging.sample_ratio", f"must be within 0..1, got {cfg.logging.sample_ratio}")
     _check_auth(cfg.auth, err, admin=cfg.admin.enabled(False))
     check_admin(cfg.admin, err)
+    if cfg.admin.store == "redis" and cfg.auth.redis_url is None and cfg.cache.backend != "redis":
+        err("admin.store", "'redis' needs a shared Redis: auth.redis_url or a Redis [cache]")
     _check_ui(cfg.ui, err)
     _check_prices(cfg.prices, err)
     err.positive(cfg.realtime, "realtime", "max_message_bytes", "idle_timeout_s", "max_session_s")

@@ -230,3 +230,5 @@ def test_config_checks_of_admin():
     with pytest.raises(ConfigError):
         gateway_config(without)  # no key, no issuer, no admin key: nobody could call
     assert gateway_config(admin_toml()).admin.key_env  # keys made at runtime will do
+    with pytest.raises(ConfigError, match="admin.store"):
+        gateway_config(admin_toml(admin_extra='store = "redis"'))  # no Redis to keep them in
