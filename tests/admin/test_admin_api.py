@@ -232,3 +232,22 @@ def test_config_checks_of_admin():
     assert gateway_config(admin_toml()).admin.key_env  # keys made at runtime will do
     with pytest.raises(ConfigError, match="admin.store"):
         gateway_config(admin_toml(admin_extra='store = "redis"'))  # no Redis to keep them in
+
+
+def test_the_admin_key_is_compared_as_digests_in_constant_time(gateway, tmp_path, monkeypatch):
+    """Every admin credential goes through one hmac.compare_digest of two sha256 digests: the
+    time does not depend on how many leading characters of the key were right."""
+    from gateway.admin import access
+
+    compared: list[tuple[int, int]] = []
+    real = access.hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(access.hmac, "compare_digest", spy)
+    gw = start(gateway, tmp_path)
+    for guess in (ADMIN_KEY[:-1] + "y", "a", ADMIN_KEY + "x", ADMIN_KEY):
+        httpx2.get(f"{gw.url}/admin/v1/keys", headers=bearer(guess))
+    assert compared == [(32, 32)] * 4
