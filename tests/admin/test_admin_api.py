@@ -230,7 +230,7 @@ def test_config_checks_of_admin():
     with pytest.raises(ConfigError):
         gateway_config(without)  # no key, no issuer, no admin key: nobody could call
     assert gateway_config(admin_toml()).admin.key_env  # keys made at runtime will do
-    with pytest.raises(ConfigError, match="admin.store"):
+    with pytest.raises(ConfigError, match=r"admin\.store"):
         gateway_config(admin_toml(admin_extra='store = "redis"'))  # no Redis to keep them in
 
 
