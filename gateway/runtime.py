@@ -282,7 +282,8 @@ def build_runtime(
         services = build_services(config, env)
     auth = build_auth(config, env, services.limits_for(config, env), services.key_sets)
     if services.keys is not None and auth.mode == "keys":  # docs/spec.md §28
-        auth.stored = StoredEntries(services.keys.index, auth.tenant_budgets)
+        tenants = config.auth.tenants
+        auth.stored = StoredEntries(services.keys.index, auth.tenant_budgets, tenants)
     base = services.telemetry
     backends = _backends(config, env, previous)
     routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)

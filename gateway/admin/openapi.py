@@ -26,6 +26,8 @@ _KEY_IN: Final = _obj(
         "tpm": _COUNT,
         "expires_at": {"type": ["string", "number", "null"], "description": "RFC 3339 or Unix s"},
         "metadata": {"type": "object", "description": "at most 4096 bytes of JSON"},
+        "mcp_servers": _GLOBS,
+        "mcp_tools": _GLOBS,
     },
     ("tenant",),
 )

@@ -26,7 +26,7 @@ MAX_GRACE_S: Final = 30 * 86400
 
 KEY_FIELDS: Final = frozenset(
     {"tenant", "models", "budget_usd", "budget_period", "rpm", "tpm", "expires_at", "metadata"}
-)
+) | {"mcp_servers", "mcp_tools"}
 TENANT_FIELDS: Final = frozenset(
     {"name", "budget_usd", "budget_period", "mcp_servers", "mcp_tools", "passthrough", "agents"}
 ) | {"metadata"}
@@ -65,10 +65,13 @@ def name(value: Any, field: str = "name") -> str:
     return value
 
 
-def _globs(value: Any, field: str, allow_none: bool = False) -> list[str] | None:
+def _globs(
+    value: Any, field: str, allow_none: bool = False, allow_empty: bool = False
+) -> list[str] | None:
     if value is None and allow_none:
         return None
-    if not isinstance(value, list) or not value or len(value) > MAX_GLOBS:
+    empty = not value and not allow_empty
+    if not isinstance(value, list) or empty or len(value) > MAX_GLOBS:
         raise _bad(field, f"a list of 1..{MAX_GLOBS} globs")
     if not all(isinstance(g, str) and 0 < len(g) <= MAX_GLOB for g in value):
         raise _bad(field, f"each glob is a non-empty string of at most {MAX_GLOB} characters")
@@ -150,6 +153,9 @@ def key_fields(body: dict[str, Any], partial: bool) -> dict[str, Any]:
         "budget_period": _period,
         "expires_at": expires,
         "metadata": _metadata,
+        # docs/spec.md §23: none unless listed; the tools as globs over "{server}__{tool}"
+        "mcp_servers": lambda v: _globs(v, "mcp_servers", allow_empty=True),
+        "mcp_tools": lambda v: _globs(v, "mcp_tools"),
     }
     for field, check in checks.items():
         if field in body:

@@ -15,7 +15,10 @@ from gateway.keys.records import Record
 
 audit_log = logging.getLogger("gateway.audit")
 
-_KEY_SHOWN = ("tenant", "prefix", "models", "rpm", "tpm", "budget_usd", "budget_period")
+_KEY_SHOWN = (
+    *("tenant", "prefix", "models", "rpm", "tpm", "budget_usd", "budget_period"),
+    *("mcp_servers", "mcp_tools"),
+)
 _TENANT_SHOWN = ("budget_usd", "budget_period", "mcp_servers", "mcp_tools", "passthrough")
 
 
@@ -58,6 +61,8 @@ def config_key_view(k: AuthKeyConfig) -> dict[str, Any]:
         "budget_usd": k.budget_usd,
         "budget_period": k.budget_period,
         "admin": k.admin,
+        "mcp_servers": list(k.mcp_servers),
+        "mcp_tools": list(k.mcp_tools),
         "expires_at": None,
         "blocked": False,
         "metadata": {},

@@ -50,7 +50,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -132,6 +132,7 @@ class KeyEntry:
         "digest",
         "globs",
         "limit_id",
+        "mcp_globs",
         "metered",
         "rpm",
         "rpm_text",
@@ -173,6 +174,9 @@ class KeyEntry:
         #: its model calls reserve before going upstream (tokens, cost): checked by admit()
         self.metered = self.budgeted or self.tpm is not None
         self._allowed: dict[str, bool] = {}
+        #: a key of the key store: its MCP grant's server and tool globs (docs/spec.md §28);
+        #: None: the config's, found by digest (gateway/mcp/access.py)
+        self.mcp_globs: tuple[list[Sequence[str]], list[Sequence[str]]] | None = None
 
     def permits(self, model: str) -> bool:
         allowed = self._allowed.get(model)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -44,6 +44,8 @@ def key_policy(record: Record) -> AuthKeyConfig:
         tpm=record.get("tpm"),
         budget_usd=record.get("budget_usd"),
         budget_period=period,
+        mcp_servers=tuple(record.get("mcp_servers") or ()),
+        mcp_tools=tuple(record.get("mcp_tools") or ("*",)),
     )
 
 
@@ -61,12 +63,18 @@ def stored_tenant_budget(record: Record) -> Budget | None:
 class StoredEntries:
     """The entries of the key store's keys, for :class:`gateway.hops.auth.Auth`."""
 
-    __slots__ = ("_built", "_config_tenants", "_generation", "index")
+    __slots__ = ("_built", "_config_tenants", "_generation", "_tenant_configs", "index")
 
-    def __init__(self, index: KeyIndex, config_tenants: Mapping[str, Budget]) -> None:
+    def __init__(
+        self,
+        index: KeyIndex,
+        config_tenants: Mapping[str, Budget],
+        tenant_configs: Sequence[TenantConfig] = (),
+    ) -> None:
         self.index = index
         #: the config's tenant budgets: a tenant of the config is managed by it
         self._config_tenants = config_tenants
+        self._tenant_configs = {t.name: t for t in tenant_configs}
         self._built: dict[str, KeyEntry] = {}
         self._generation = -1
 
@@ -92,9 +100,27 @@ class StoredEntries:
         entry = self._built.get(record["id"])
         if entry is None:
             of_tenant = self.tenant(record["tenant"])
-            entry = KeyEntry(key_policy(record), of_tenant, limit_id(record["id"]))
+            policy = key_policy(record)
+            entry = KeyEntry(policy, of_tenant, limit_id(record["id"]))
+            entry.mcp_globs = self._mcp_globs(policy)
             self._built[record["id"]] = entry
         return entry
+
+    def _mcp_globs(self, policy: AuthKeyConfig) -> tuple[list[Sequence[str]], list[Sequence[str]]]:
+        """The key's MCP grant (docs/spec.md §23), narrowed by its tenant's when set."""
+        servers: list[Sequence[str]] = [policy.mcp_servers]
+        tools: list[Sequence[str]] = [policy.mcp_tools]
+        configured = self._tenant_configs.get(policy.tenant)
+        if configured is not None:
+            narrow = (configured.mcp_servers, configured.mcp_tools)
+        else:
+            record = self.index.get("t:" + policy.tenant) or {}
+            narrow = (record.get("mcp_servers"), record.get("mcp_tools"))
+        if narrow[0] is not None:
+            servers.append(tuple(narrow[0]))
+        if narrow[1] is not None:
+            tools.append(tuple(narrow[1]))
+        return servers, tools
 
     def tenant(self, name: str) -> Budget | None:
         if name in self._config_tenants:
