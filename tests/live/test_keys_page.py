@@ -47,9 +47,9 @@ def test_the_keys_page_lists_creates_and_revokes(gateway, tmp_path):
         for wrong in ("not-the-key", CONFIG_KEY):  # an admin = true API key is no admin key
             page.fill("#signin-key", wrong)
             page.click("#signin-form button")
-            page.wait_for_function("document.querySelector('#signin-message').textContent")
+            page.wait_for_function("() => document.querySelector('#signin-message').textContent")
             assert page.locator("#keys-view").is_hidden()
-            page.evaluate("document.querySelector('#signin-message').textContent = ''")
+            page.evaluate("() => { document.querySelector('#signin-message').textContent = ''; }")
         page.fill("#signin-key", ADMIN_KEY)
         page.click("#signin-form button")
         page.wait_for_selector("#keys tbody tr.key")
