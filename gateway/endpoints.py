@@ -116,11 +116,9 @@ async def _unmodelled(
     ``passthrough`` grant (403), never naming another tenant's object in its path, query or
     JSON body (404), and never answered with a listing of stored objects, which the gateway
     could not filter to the tenant (403)."""
-    key = ctx.limit_key
-    digest = key.digest if key is not None else b""
     if ctx.path.startswith(_UNPLACEABLE):
         raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
-    if not passthrough_for(rt.config.auth).allows(digest, ctx.path):
+    if not passthrough_for(rt.config.auth).allows_key(ctx.limit_key, ctx.path):
         raise Forbidden(
             f"this API key may not reach {ctx.path}: the gateway does not model it; list it "
             "in the key's `passthrough` globs to forward it (docs/spec.md §26)",

@@ -28,6 +28,8 @@ _KEY_IN: Final = _obj(
         "metadata": {"type": "object", "description": "at most 4096 bytes of JSON"},
         "mcp_servers": _GLOBS,
         "mcp_tools": _GLOBS,
+        "passthrough": _GLOBS,
+        "agents": _GLOBS,
     },
     ("tenant",),
 )

@@ -26,7 +26,7 @@ MAX_GRACE_S: Final = 30 * 86400
 
 KEY_FIELDS: Final = frozenset(
     {"tenant", "models", "budget_usd", "budget_period", "rpm", "tpm", "expires_at", "metadata"}
-) | {"mcp_servers", "mcp_tools"}
+) | {"mcp_servers", "mcp_tools", "passthrough", "agents"}
 TENANT_FIELDS: Final = frozenset(
     {"name", "budget_usd", "budget_period", "mcp_servers", "mcp_tools", "passthrough", "agents"}
 ) | {"metadata"}
@@ -76,6 +76,13 @@ def _globs(
     if not all(isinstance(g, str) and 0 < len(g) <= MAX_GLOB for g in value):
         raise _bad(field, f"each glob is a non-empty string of at most {MAX_GLOB} characters")
     return list(value)
+
+
+def _paths(value: Any, field: str) -> list[str] | None:
+    globs = _globs(value, field, allow_none=True, allow_empty=True)
+    if globs is not None and not all(g.startswith(("/", "*")) for g in globs):
+        raise _bad(field, "each entry is a path glob starting with '/' (or '*')")
+    return globs
 
 
 def _count(value: Any, field: str) -> int | None:
@@ -156,6 +163,9 @@ def key_fields(body: dict[str, Any], partial: bool) -> dict[str, Any]:
         # docs/spec.md §23: none unless listed; the tools as globs over "{server}__{tool}"
         "mcp_servers": lambda v: _globs(v, "mcp_servers", allow_empty=True),
         "mcp_tools": lambda v: _globs(v, "mcp_tools"),
+        # docs/spec.md §26, §30: none unless listed
+        "passthrough": lambda v: _paths(v, "passthrough"),
+        "agents": lambda v: _globs(v, "agents", allow_empty=True),
     }
     for field, check in checks.items():
         if field in body:
@@ -172,9 +182,11 @@ def tenant_fields(body: dict[str, Any], partial: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not partial:
         out["name"] = name(body.get("name"))
-    for field in ("mcp_servers", "mcp_tools", "passthrough", "agents"):
+    for field in ("mcp_servers", "mcp_tools", "agents"):
         if field in body:
             out[field] = _globs(body[field], field, allow_none=True)
+    if "passthrough" in body:
+        out["passthrough"] = _paths(body["passthrough"], "passthrough")
     if "budget_usd" in body:
         out["budget_usd"] = _usd(body["budget_usd"])
     if "budget_period" in body:

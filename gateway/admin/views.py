@@ -17,7 +17,7 @@ audit_log = logging.getLogger("gateway.audit")
 
 _KEY_SHOWN = (
     *("tenant", "prefix", "models", "rpm", "tpm", "budget_usd", "budget_period"),
-    *("mcp_servers", "mcp_tools"),
+    *("mcp_servers", "mcp_tools", "passthrough", "agents"),
 )
 _TENANT_SHOWN = ("budget_usd", "budget_period", "mcp_servers", "mcp_tools", "passthrough")
 
@@ -63,6 +63,8 @@ def config_key_view(k: AuthKeyConfig) -> dict[str, Any]:
         "admin": k.admin,
         "mcp_servers": list(k.mcp_servers),
         "mcp_tools": list(k.mcp_tools),
+        "passthrough": list(k.passthrough) if k.passthrough is not None else None,
+        "agents": list(k.agents),
         "expires_at": None,
         "blocked": False,
         "metadata": {},

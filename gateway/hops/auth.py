@@ -50,7 +50,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -73,6 +73,7 @@ from gateway.errors import Forbidden, RateLimited, Unauthorized
 from gateway.hops.ownership import response_path_id
 from gateway.identities import KeySets, SignIns, Subject, looks_like_jwt
 from gateway.keys import store_enabled
+from gateway.keys.records import OwnGrants
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
 from gateway.store.connect import shared_redis
@@ -132,8 +133,8 @@ class KeyEntry:
         "digest",
         "globs",
         "limit_id",
-        "mcp_globs",
         "metered",
+        "own",
         "rpm",
         "rpm_text",
         "tenant",
@@ -174,9 +175,9 @@ class KeyEntry:
         #: its model calls reserve before going upstream (tokens, cost): checked by admit()
         self.metered = self.budgeted or self.tpm is not None
         self._allowed: dict[str, bool] = {}
-        #: a key of the key store: its MCP grant's server and tool globs (docs/spec.md §28);
-        #: None: the config's, found by digest (gateway/mcp/access.py)
-        self.mcp_globs: tuple[list[Sequence[str]], list[Sequence[str]]] | None = None
+        #: a key of the key store: its MCP, passthrough and agent grants (docs/spec.md §28);
+        #: None: the config's, found by its digest
+        self.own: OwnGrants | None = None
 
     def permits(self, model: str) -> bool:
         allowed = self._allowed.get(model)

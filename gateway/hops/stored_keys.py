@@ -15,15 +15,17 @@ import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.budgets.limits import Budget
 from gateway.config import AuthKeyConfig, TenantConfig
 from gateway.errors import Unauthorized
 from gateway.hops.auth import KeyEntry, tenant_budget
 from gateway.keys import KeyIndex
-from gateway.keys.records import Record
+from gateway.keys.records import OwnGrants, Record
 
+#: the grants a tenant narrows
+_NARROWED = ("mcp_servers", "mcp_tools", "passthrough", "agents")
 Period = Literal["day", "week", "month", "total"]
 _PERIODS: dict[str, Period] = {"day": "day", "week": "week", "month": "month", "total": "total"}
 
@@ -102,25 +104,31 @@ class StoredEntries:
             of_tenant = self.tenant(record["tenant"])
             policy = key_policy(record)
             entry = KeyEntry(policy, of_tenant, limit_id(record["id"]))
-            entry.mcp_globs = self._mcp_globs(policy)
+            entry.own = self._grants(record, policy)
             self._built[record["id"]] = entry
         return entry
 
-    def _mcp_globs(self, policy: AuthKeyConfig) -> tuple[list[Sequence[str]], list[Sequence[str]]]:
-        """The key's MCP grant (docs/spec.md §23), narrowed by its tenant's when set."""
-        servers: list[Sequence[str]] = [policy.mcp_servers]
-        tools: list[Sequence[str]] = [policy.mcp_tools]
+    def _grants(self, record: Record, policy: AuthKeyConfig) -> OwnGrants:
+        """The key's grants (docs/spec.md §23, §26, §30), narrowed by its tenant's when set:
+        the config's tenant of that name, else the store's."""
+        passthrough = record.get("passthrough")
+        own = OwnGrants(
+            [policy.mcp_servers],
+            [policy.mcp_tools],
+            [tuple(passthrough) if passthrough is not None else ()],
+            [tuple(record.get("agents") or ())],
+        )
         configured = self._tenant_configs.get(policy.tenant)
+        tenant: Mapping[str, Any] = {}
         if configured is not None:
-            narrow = (configured.mcp_servers, configured.mcp_tools)
+            tenant = {f: getattr(configured, f) for f in _NARROWED}
         else:
-            record = self.index.get("t:" + policy.tenant) or {}
-            narrow = (record.get("mcp_servers"), record.get("mcp_tools"))
-        if narrow[0] is not None:
-            servers.append(tuple(narrow[0]))
-        if narrow[1] is not None:
-            tools.append(tuple(narrow[1]))
-        return servers, tools
+            tenant = self.index.get("t:" + policy.tenant) or {}
+        for field in _NARROWED:
+            narrow = tenant.get(field)
+            if narrow is not None:
+                getattr(own, field).append(tuple(narrow))
+        return own
 
     def tenant(self, name: str) -> Budget | None:
         if name in self._config_tenants:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 #: what every secret the store makes starts with (and what its prefix shows)
@@ -50,6 +52,20 @@ def field_of(record: Record) -> str:
     return ("k:" + str(record["id"])) if record["kind"] == "key" else ("t:" + str(record["name"]))
 
 
+@dataclass(frozen=True, slots=True)
+class OwnGrants:
+    """What a key of the store may use besides models (docs/spec.md §28): each a list of glob
+    lists, every one of which must match (the key's, then its tenant's when set)."""
+
+    #: MCP servers and tools (``{server}__{tool}``; docs/spec.md §23)
+    mcp_servers: list[Sequence[str]]
+    mcp_tools: list[Sequence[str]]
+    #: unmodelled paths (docs/spec.md §26)
+    passthrough: list[Sequence[str]]
+    #: A2A agents (docs/spec.md §30)
+    agents: list[Sequence[str]]
+
+
 class RecordStore(Protocol):
     """The durable side of the key store; every method raises :class:`StoreDown` when it
     cannot answer."""
@@ -85,6 +101,7 @@ __all__ = [
     "PREFIX_CHARS",
     "SECRET_PREFIX",
     "Conflict",
+    "OwnGrants",
     "Record",
     "RecordStore",
     "StoreDown",

@@ -95,8 +95,9 @@ class Access:
     def grant_of(self, entry: KeyEntry) -> Grant:
         """The grant of an identified caller: a key of the key store carries its own
         (docs/spec.md §28), the others are found by digest."""
-        if entry.mcp_globs is not None:
-            return Grant(entry.limit_id, *entry.mcp_globs)
+        own = entry.own
+        if own is not None:
+            return Grant(entry.limit_id, own.mcp_servers, own.mcp_tools)
         return self.grant(entry.digest.hex())
 
     def served(self, server: McpServerConfig, tool: str) -> bool:

@@ -1,5 +1,6 @@
-"""A key of the key store carries its MCP grant (docs/spec.md §23, §28): none unless listed,
-its tools as globs over ``{server}__{tool}``, narrowed by its tenant's; changed at runtime."""
+"""A key of the key store carries its grants (docs/spec.md §23, §26, §28, §30): MCP servers
+and tools, unmodelled paths, agents — none unless listed, narrowed by its tenant's, changed at
+runtime."""
 
 from __future__ import annotations
 
@@ -47,3 +48,31 @@ def test_a_stored_keys_mcp_grant(gateway, tmp_path):
     # the tenant narrows its keys' grant
     admin(gw.url, "POST", "tenants", {"name": "lab", "mcp_tools": ["builtin__echo"]})
     assert tools(gw.url, everything["key"]) == ["echo"]
+
+
+def test_a_stored_keys_passthrough_and_agent_grants(gateway, tmp_path):
+    agents = '[[agents]]\nname = "echo"\nurl = "mock://"\n'
+    gw: GatewayServer = gateway(
+        gateway_config(admin_toml(admin_extra=f'data_dir = "{tmp_path}"') + agents)
+    )
+    made = admin(gw.url, "POST", "keys", {"tenant": "t"}).json()
+    auth = {"authorization": f"Bearer {made['key']}"}
+    speech = {"model": "tts-1", "input": "hi", "voice": "alloy"}
+
+    def unmodelled() -> httpx2.Response:
+        return httpx2.post(f"{gw.url}/v1/audio/speech", json=speech, headers=auth, timeout=10)
+
+    def listed() -> list[str]:
+        answer = httpx2.get(f"{gw.url}/a2a", headers=auth, timeout=10).json()
+        return [a["name"] for a in answer["data"]]
+
+    refused = unmodelled()
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "passthrough_not_allowed"
+    assert listed() == []
+    grants = {"passthrough": ["/v1/audio/*"], "agents": ["echo"]}
+    assert admin(gw.url, "PATCH", f"keys/{made['id']}", grants).status_code == 200
+    assert (unmodelled().json().get("error") or {}).get("code") != "passthrough_not_allowed"
+    assert listed() == ["echo"]
+    bad = admin(gw.url, "PATCH", f"keys/{made['id']}", {"passthrough": ["audio"]})
+    assert bad.status_code == 400
