@@ -388,9 +388,14 @@ async def _me(rt: Runtime, entry: Any) -> dict[str, Any]:
 def admin_endpoints(
     config: Config, environ: Mapping[str, str] | None = None
 ) -> dict[str, Endpoint]:
-    """The admin API's endpoints for a config with a key store (none without)."""
+    """The admin API's endpoints for a config with a key store; ``/_gateway/api/me`` alone for
+    one with keys and no store; none with auth off."""
     env = os.environ if environ is None else environ
-    return AdminApi(config, env).endpoints() if store_enabled(config) else {}
+    if store_enabled(config):
+        return AdminApi(config, env).endpoints()
+    if config.auth.mode == "keys":  # a key holder's own view, with or without the store
+        return {ME_PATH: AdminApi(config, env).me}
+    return {}
 
 
 __all__ = ["ME_PATH", "PREFIX", "AdminApi", "admin_endpoints"]

@@ -251,3 +251,13 @@ def test_the_admin_key_is_compared_as_digests_in_constant_time(gateway, tmp_path
     for guess in (ADMIN_KEY[:-1] + "y", "a", ADMIN_KEY + "x", ADMIN_KEY):
         httpx2.get(f"{gw.url}/admin/v1/keys", headers=bearer(guess))
     assert compared == [(32, 32)] * 4
+
+
+def test_me_answers_a_config_key_without_the_store(gateway):
+    digest = hashlib.sha256(CONFIG_KEY.encode()).hexdigest()
+    toml = admin_toml(f'[[auth.keys]]\ntenant = "ops"\nsha256 = "{digest}"\nrpm = 7\n')
+    gw = gateway(gateway_config(toml.replace('key_env = "TEST_GATEWAY_ADMIN_KEY"', "")))
+    me = httpx2.get(f"{gw.url}/_gateway/api/me", headers=bearer(CONFIG_KEY))
+    assert me.status_code == 200 and me.json()["tenant"] == "ops" and me.json()["rpm"] == 7
+    assert httpx2.get(f"{gw.url}/_gateway/api/me").status_code == 401
+    assert admin(gw.url, "GET", "keys").status_code == 404  # no store, no admin API
