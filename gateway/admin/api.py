@@ -39,6 +39,8 @@ from gateway.writer import ResponseWriter
 PREFIX: Final = "/admin/v1/"
 ME_PATH: Final = "/_gateway/api/me"
 _RETRIES: Final = 3
+#: old secrets a key keeps in their grace at once
+_MAX_OLD: Final = 8
 _NO_STORE: Final = (b"cache-control", b"no-store")
 
 Handler = Callable[["AdminCall"], Awaitable[tuple[int, Any]]]
@@ -252,6 +254,7 @@ async def _rotate(call: AdminCall) -> tuple[int, Any]:
         old = [(d, until) for d, until in r.get("old", ()) if until > now]
         if grace_s > 0:
             old.append((r["digest"], now + grace_s))
+        old = old[-_MAX_OLD:]  # rotations within one grace: the newest few stay valid
         return {**r, "digest": digest_of(secret), "prefix": prefix_of(secret), "old": old}
 
     _, after = await _change_key(call, "key.rotate", rotate)
