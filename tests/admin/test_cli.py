@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.admin.admin_support import ADMIN_KEY, admin_toml, chat
+from tests.admin.admin_support import ADMIN_KEY, admin, admin_toml, chat, wait_for
 from tests.support import Process, free_port, gateway_cli
 
 
@@ -54,3 +54,24 @@ def test_keys_and_tenants_from_the_command_line(tmp_path: Path):
     finally:
         output = server.stop()
     assert secret not in output and new not in output
+
+
+def test_the_workers_of_one_gateway_share_the_sqlite_store(tmp_path: Path):
+    """``--workers 2`` on the embedded store: each worker follows the one file, so a key made
+    through whichever worker answered is served (then refused) by both."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(admin_toml() + '[logging]\naccess_log = "off"\n')
+    port = free_port()
+    args = ["serve", "-c", str(config), "--port", str(port), "--workers", "2"]
+    server = Process(gateway_cli(*args, "--data-dir", str(tmp_path / "d")), port)
+    try:
+        made = admin(server.url, "POST", "keys", {"tenant": "t"}).json()
+
+        def all_answer(status: int) -> bool:  # fresh connections: the kernel picks the worker
+            return all(chat(server.url, made["key"]).status_code == status for _ in range(12))
+
+        wait_for(lambda: all_answer(200), "served by both workers", 1.0)
+        admin(server.url, "DELETE", f"keys/{made['id']}")
+        wait_for(lambda: all_answer(401), "refused by both workers", 1.0)
+    finally:
+        server.stop()
