@@ -146,3 +146,45 @@ def test_redis_stopped_the_known_keys_are_served_and_readiness_says_so(
     wait_for(lambda: httpx2.get(f"{b}/readyz").json()["status"] == "ready", "ready again", 10)
     again = admin(a, "POST", "keys", {"tenant": "t"}).json()["key"]
     wait_for(lambda: status(b, again) == 200, "a key made after the outage, on B", IN_FORCE_S)
+
+
+def test_concurrent_changes_on_two_replicas_are_both_kept(replicas: Replicas):
+    """Each change is written with the version it read: two replicas changing one key at once
+    lose neither change (the later writer reads again), and both replicas end on the same."""
+    a, b = replicas.a, replicas.b
+    made = admin(a, "POST", "keys", {"tenant": "t"}).json()
+    path = f"keys/{made['id']}"
+    answers: list[int] = []
+
+    def change(url: str, field: str, value: int) -> None:
+        answers.append(admin(url, "PATCH", path, {field: value}).status_code)
+
+    for round_ in range(1, 6):
+        writers = [
+            threading.Thread(target=change, args=(a, "rpm", round_)),
+            threading.Thread(target=change, args=(b, "tpm", 1000 + round_)),
+        ]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(10)
+    assert answers == [200] * 10
+
+    def held(url: str) -> tuple[int, int]:  # the listing is each replica's in-memory index
+        listed = admin(url, "GET", "keys").json()["data"]
+        mine = next(k for k in listed if k["id"] == made["id"])
+        return mine["rpm"], mine["tpm"]
+
+    for url in (a, b):
+        wait_for(lambda url=url: held(url) == (5, 1005), "both changes kept", IN_FORCE_S)
+
+
+def test_a_rotated_secret_works_for_its_grace_only(replicas: Replicas):
+    a, b = replicas.a, replicas.b
+    made = admin(a, "POST", "keys", {"tenant": "t"}).json()
+    wait_for(lambda: status(b, made["key"]) == 200, "made on A, served by B", IN_FORCE_S)
+    new = admin(a, "POST", f"keys/{made['id']}/rotate", {"grace_s": 1.5}).json()["key"]
+    wait_for(lambda: status(b, new) == 200, "the new secret on B", IN_FORCE_S)
+    assert status(b, made["key"]) == 200  # in its grace
+    wait_for(lambda: status(b, made["key"]) == "invalid_api_key", "the grace over", 5)
+    assert status(b, new) == 200
