@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.client import admin as admin_cli
 from gateway.config import CONFIG_ENV, Config, ConfigError, load_config
 
 EXIT_CONFIG = 2
@@ -27,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.add_argument("--workers", type=int)
+    s.add_argument(
+        "--data-dir",
+        help="where the key store's SQLite file lives ([admin] data_dir; docs/spec.md §28)",
+    )
 
     c = sub.add_parser("check-config", help="validate a config file (exit 0 valid, 2 invalid)")
     c.add_argument("path")
@@ -62,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("key")
 
     _add_probe_and_doctor(sub)
+    admin_cli.add_parsers(sub)  # gateway keys … / gateway tenants … (docs/spec.md §28)
     return p
 
 
@@ -140,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hash-key": _hash_key,
         "probe": _probe,
         "doctor": _doctor,
+        "keys": admin_cli.run,
+        "tenants": admin_cli.run,
     }[command]
     return handler(args)
 
@@ -164,6 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"GATEWAY__SERVER__{key}"] = str(value)
+    if args.data_dir is not None:
+        os.environ["GATEWAY__ADMIN__DATA_DIR"] = os.path.abspath(args.data_dir)
     config = _load_or_exit(None)
     from gateway.live.sign_in import ensure_secret
     from gateway.server.process import serve  # the server: the client guards, the SIGTERM drain

@@ -116,11 +116,9 @@ async def _unmodelled(
     ``passthrough`` grant (403), never naming another tenant's object in its path, query or
     JSON body (404), and never answered with a listing of stored objects, which the gateway
     could not filter to the tenant (403)."""
-    key = ctx.limit_key
-    digest = key.digest if key is not None else b""
     if ctx.path.startswith(_UNPLACEABLE):
         raise NotFound(f"no such endpoint: {ctx.path}", code="unknown_path")
-    if not passthrough_for(rt.config.auth).allows(digest, ctx.path):
+    if not passthrough_for(rt.config.auth).allows_key(ctx.limit_key, ctx.path):
         raise Forbidden(
             f"this API key may not reach {ctx.path}: the gateway does not model it; list it "
             "in the key's `passthrough` globs to forward it (docs/spec.md §26)",
@@ -245,6 +243,12 @@ async def readyz(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
     sign_ins = rt.auth.sign_ins
     if sign_ins is not None:  # each issuer's JWK Set (docs/spec.md §29): never a reason either
         body["sign_in"] = {ks.url: ks.state() for ks in sign_ins.key_sets()}
+    keys = rt.services.keys if rt.services is not None else None
+    if keys is not None:  # docs/spec.md §28: the known keys are still served, so still ready
+        body["key_store"] = {"store": keys.name, "state": keys.state()}
+        if keys.failure is not None:
+            body["status"] = "degraded"
+            body["degraded"] = ["key_store"]
     await plain_json(send, 200, body)
 
 

@@ -32,8 +32,10 @@ from gateway.hops.auth import Auth, build_auth, build_limits
 from gateway.hops.edge import RequestEdge
 from gateway.hops.ownership import Ownership, build_ownership
 from gateway.hops.router import Router
+from gateway.hops.stored_keys import StoredEntries
 from gateway.hops.upstream import Upstream
 from gateway.identities import KeySets
+from gateway.keys import KeyService, build_key_service
 from gateway.live.recent import RecentRequests
 from gateway.routes import Backend, Route
 from gateway.scope import RequestScope
@@ -71,6 +73,8 @@ class Services:
     memory_limits: Limits = field(default_factory=MemoryLimits)
     #: the snapshot serving now (what the gauges read)
     current: Runtime | None = None
+    #: the key store and its in-memory index (docs/spec.md §28; None: no [admin])
+    keys: KeyService | None = None
 
     def limits_for(self, config: Config, env: Mapping[str, str]) -> Limits:
         if self.redis_limits is None:
@@ -89,6 +93,8 @@ class Services:
         if self.recent is not None:
             self.recent.close()  # end the live view's feeds
         await self.key_sets.aclose()
+        if self.keys is not None:
+            await self.keys.aclose()
         await self.cache.aclose()
         for limits in (self.redis_limits, self.memory_limits):
             if limits is not None:
@@ -142,6 +148,8 @@ class Runtime:
         if self.services is not None and self.services.current is None:
             self.services.start()
             await self.services.key_sets.ready()  # the issuers' keys, before listening
+            if self.services.keys is not None:  # the key store's keys, read once, then followed
+                await self.services.keys.start()
         self.begin()
 
     def begin(self) -> None:
@@ -254,6 +262,7 @@ def build_services(config: Config, environ: Mapping[str, str] | None = None) -> 
         key_sets=KeySets(),
         exposition=exposition,
         recent=recent,
+        keys=build_key_service(config, env),
     )
     return services
 
@@ -272,6 +281,9 @@ def build_runtime(
         logging.getLogger("gateway").setLevel(config.logging.level.upper())
         services = build_services(config, env)
     auth = build_auth(config, env, services.limits_for(config, env), services.key_sets)
+    if services.keys is not None and auth.mode == "keys":  # docs/spec.md §28
+        tenants = config.auth.tenants
+        auth.stored = StoredEntries(services.keys.index, auth.tenant_budgets, tenants)
     base = services.telemetry
     backends = _backends(config, env, previous)
     routes = tuple(Route(r, tuple(backends[n] for n in r.backends)) for r in config.routes)

@@ -23,6 +23,8 @@ from typing import Any
 
 from gateway import endpoints, stateful
 from gateway.a2a.endpoint import PREFIX as A2A
+from gateway.admin.api import PREFIX as ADMIN
+from gateway.admin.api import admin_endpoints
 from gateway.config import Config, ConfigError, load_config
 from gateway.runtime import Endpoint, Runtime, build_runtime
 from gateway.target import canonical_scope
@@ -61,6 +63,8 @@ class Generation:
             endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
             if path.startswith(A2A):  # A2A's HTTP+JSON binding, with [[agents]] (§30)
                 endpoint = self.table.get(A2A, endpoint)
+            elif path.startswith(ADMIN):  # the admin API (§28)
+                endpoint = self.table.get(ADMIN, endpoint)
             if not canonical_scope(scope):  # a scope made by another server: not forwarded
                 endpoint = endpoints.bad_path("the path is not in its canonical form")
         return endpoint
@@ -109,11 +113,15 @@ class Snapshots:
     running requests. ``table`` makes a config's dispatch table."""
 
     def __init__(self, table: Callable[[Config], dict[str, Endpoint]]) -> None:
-        self._table = table
+        #: the config's dispatch table, and its admin API's endpoints (docs/spec.md §28)
+        self._made = table
         self.current: Generation | None = None
         self._retired: list[Generation] = []
         self._closing: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+
+    def _table(self, config: Config) -> dict[str, Endpoint]:
+        return self._made(config) | admin_endpoints(config)
 
     async def start(self, config: Config) -> Generation:
         gen = self.current = Generation(build_runtime(config), self._table(config))

@@ -28,6 +28,7 @@ import itertools
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,24 @@ AUTH = (
     '[auth]\nmode = "keys"\n[[auth.keys]]\ntenant = "bench"\n'
     f'sha256 = "{hashlib.sha256(KEY).hexdigest()}"\n'
 )
+
+
+async def _key_store_with_the_bench_key() -> str:
+    """A data directory whose key store (SQLite, docs/spec.md §28) holds the bench key."""
+    from gateway.keys.sqlite import SqliteStore
+
+    directory = tempfile.mkdtemp(prefix="gw-features-keys-")
+    record = {"kind": "key", "id": "key_00000000000000be", "tenant": "bench", "models": ["*"]}
+    record.update(digest=hashlib.sha256(KEY).hexdigest(), prefix="sk-bench", old=[])
+    store = SqliteStore(Path(directory))
+    await store.write(record, 0)
+    await store.aclose()
+    return directory
+
+
+#: docs/spec.md §28: the key store on (its keys served from memory); the bench key from the
+#: config (auth-key-store) or from the store itself (auth-stored-key)
+ADMIN = '[admin]\nkey_env = "FEATURES_NO_ADMIN_KEY"\ndata_dir = "{}"\n'
 #: docs/spec.md §20: the model's price, a budget on the key and one on its tenant: every
 #: request is priced at its end, reserves its worst case first and settles it afterwards
 PRICES = '[[prices]]\nmodels = ["gpt-4o-mini*"]\ninput = 0.15\noutput = 0.60\n'
@@ -121,6 +140,14 @@ VARIANTS: dict[str, tuple[str, str]] = {
         NO_CACHE + NO_TRACING + '[logging]\naccess_log = "all"\n',
     ),
     "auth-keys": ("core with auth.mode = keys", NO_CACHE + NO_TRACING + AUTH),
+    "auth-key-store": (
+        "auth-keys with the key store on ([admin]); the key is the config's",
+        NO_CACHE + NO_TRACING + AUTH + ADMIN.format("{store}"),
+    ),
+    "auth-stored-key": (
+        "auth.mode = keys, the key made in the key store (found in its in-memory index)",
+        NO_CACHE + NO_TRACING + '[auth]\nmode = "keys"\n' + ADMIN.format("{store}"),
+    ),
     "auth-rpm": (
         "core with auth and an rpm + tpm limit counted in the process",
         NO_CACHE + NO_TRACING + AUTH + "rpm = 100000000\ntpm = 100000000000\n",
@@ -338,6 +365,8 @@ async def measure(names: list[str], requests: int, rounds: int) -> dict[str, flo
                 if "[ui]" not in toml:
                     toml += UI_OFF
                 base = "" if "[[backends]]" in toml else BASE  # the fleet variants bring theirs
+                if "{store}" in toml:
+                    toml = toml.replace("{store}", await _key_store_with_the_bench_key())
                 app = Gateway(load_config(text=base + toml, env={}))
                 await stack.enter_async_context(app.running())
                 for _ in range(200):  # warm-up: caches, the first (cold) request

@@ -12,6 +12,7 @@ import fnmatch
 from collections.abc import Sequence
 
 from gateway.config import Config
+from gateway.hops.auth import KeyEntry
 
 
 class AgentGrant:
@@ -58,6 +59,12 @@ class AgentAccess:
         if digest_hex is None:
             return NOBODY
         return self._grants.get(digest_hex, NOBODY)
+
+    def grant_of(self, entry: KeyEntry) -> AgentGrant:
+        """An identified caller's: a key of the key store carries its own (docs/spec.md §28)."""
+        if entry.own is not None:
+            return AgentGrant(entry.own.agents) if self.keys_on else EVERYBODY
+        return self.grant(entry.digest.hex())
 
 
 __all__ = ["EVERYBODY", "NOBODY", "AgentAccess", "AgentGrant"]

@@ -103,7 +103,7 @@ class A2aGateway:
         if auth.mode != "off":
             entry: KeyEntry = auth.identify(ctx.credential)
             ctx.tenant, ctx.admin, ctx.limit_key = entry.tenant, entry.admin, entry
-            grant = self.access.grant(entry.digest.hex())
+            grant = self.access.grant_of(entry)
         ctx.timeline.auth_done = time.perf_counter()
         return grant
 

@@ -18,6 +18,7 @@ Config, load_config``.
 """
 
 from gateway.config.accounts import AuthConfig, AuthKeyConfig, PriceConfig, TenantConfig
+from gateway.config.admin import AdminConfig
 from gateway.config.agents import AgentConfig
 from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
@@ -45,6 +46,7 @@ __all__ = [
     "ASYMMETRIC",
     "CONFIG_ENV",
     "ENV_PREFIX",
+    "AdminConfig",
     "AgentConfig",
     "AuthConfig",
     "AuthKeyConfig",

@@ -8,6 +8,7 @@ import ipaddress
 import re
 
 from gateway.config.accounts import AuthConfig, PriceConfig
+from gateway.config.admin import check_admin
 from gateway.config.agents import check_agents
 from gateway.config.backends import BackendConfig, RouteConfig, split_url
 from gateway.config.features import CacheConfig, McpServerConfig
@@ -31,7 +32,10 @@ def validate(cfg: Config, errors: list[str]) -> None:
     _check_tracing(cfg.tracing, err)
     if not 0.0 <= cfg.logging.sample_ratio <= 1.0:
         err("logging.sample_ratio", f"must be within 0..1, got {cfg.logging.sample_ratio}")
-    _check_auth(cfg.auth, err)
+    _check_auth(cfg.auth, err, admin=cfg.admin.enabled(False))
+    check_admin(cfg.admin, err)
+    if cfg.admin.store == "redis" and cfg.auth.redis_url is None and cfg.cache.backend != "redis":
+        err("admin.store", "'redis' needs a shared Redis: auth.redis_url or a Redis [cache]")
     _check_ui(cfg.ui, err)
     _check_prices(cfg.prices, err)
     err.positive(cfg.realtime, "realtime", "max_message_bytes", "idle_timeout_s", "max_session_s")
@@ -216,14 +220,18 @@ def _check_tracing(tr: TracingConfig, err: KeyPathErrors) -> None:
             err(f"tracing.redact[{i}]", f"not a regular expression: {exc}")
 
 
-def _check_auth(a: AuthConfig, err: KeyPathErrors) -> None:
+def _check_auth(a: AuthConfig, err: KeyPathErrors, admin: bool = False) -> None:
     if a.redis_url is not None:
         parts = split_url(a.redis_url)
         if parts is None or parts.scheme not in ("redis", "rediss", "unix"):
             err("auth.redis_url", f"scheme must be redis, rediss or unix, got {a.redis_url!r}")
     err.positive(a, "auth", "timeout_ms")
-    if a.mode == "keys" and not a.keys and not a.jwt:
-        err("auth.keys", "mode = 'keys' needs at least one [[auth.keys]] or [[auth.jwt]] entry")
+    if a.mode == "keys" and not a.keys and not a.jwt and not admin:
+        err(
+            "auth.keys",
+            "mode = 'keys' needs at least one [[auth.keys]] or [[auth.jwt]] entry, or an "
+            "[admin] key_env to make keys with",
+        )
     digests: set[str] = set()
     for i, k in enumerate(a.keys):
         p = f"auth.keys[{i}]"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.config.accounts import AuthConfig, PriceConfig
+from gateway.config.admin import AdminConfig
 from gateway.config.agents import AgentConfig
 from gateway.config.backends import BackendConfig, RouteConfig
 from gateway.config.features import CacheConfig, McpServerConfig, RealtimeConfig
@@ -24,6 +25,8 @@ class Config:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    #: the key store and the admin API (docs/spec.md §28)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ui: UiConfig = field(default_factory=UiConfig)
     prices: tuple[PriceConfig, ...] = ()

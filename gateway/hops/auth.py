@@ -52,7 +52,7 @@ import math
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.budgets.limits import (
     Allowance,
@@ -72,6 +72,8 @@ from gateway.context import Call, RequestContext
 from gateway.errors import Forbidden, RateLimited, Unauthorized
 from gateway.hops.ownership import response_path_id
 from gateway.identities import KeySets, SignIns, Subject, looks_like_jwt
+from gateway.keys import store_enabled
+from gateway.keys.records import OwnGrants
 from gateway.memo import remember
 from gateway.protocols import BY_PATH
 from gateway.store.connect import shared_redis
@@ -83,6 +85,27 @@ REMAINING_HEADER = b"x-gateway-budget-remaining-usd"
 #: stored-response paths (docs/spec.md §22) a key with a budget may use: they spend nothing
 _STORED_RESPONSE_OPS = frozenset({("GET", ""), ("DELETE", ""), ("POST", "cancel")})
 _STORED_RESPONSE_OPS |= {("GET", "input_items")}
+
+
+class StoredKeys(Protocol):
+    """The key store's keys as the hop finds them (gateway/hops/stored_keys.py)."""
+
+    def find(self, digest: bytes) -> KeyEntry | None:
+        """The entry of a live secret's digest; None: unknown (raises 401 for a blocked or
+        expired key)."""
+        ...
+
+    def entry(self, record: dict[str, Any]) -> KeyEntry:
+        """The entry of a key record (built once per change of the index)."""
+        ...
+
+    def tenant(self, name: str) -> Budget | None:
+        """A tenant's budget (the config's, else the key store's)."""
+        ...
+
+    def budgets(self) -> list[tuple[str, str | None, Budget]]:
+        """(tenant, key name or None for the tenant's, budget) of every budget it holds."""
+        ...
 
 
 def _tag(tenant: str) -> str:
@@ -111,6 +134,7 @@ class KeyEntry:
         "globs",
         "limit_id",
         "metered",
+        "own",
         "rpm",
         "rpm_text",
         "tenant",
@@ -118,7 +142,9 @@ class KeyEntry:
         "tpm_text",
     )
 
-    def __init__(self, cfg: AuthKeyConfig, of_tenant: Budget | None = None) -> None:
+    def __init__(
+        self, cfg: AuthKeyConfig, of_tenant: Budget | None = None, limit_id: str | None = None
+    ) -> None:
         self.digest = bytes.fromhex(cfg.sha256)
         self.tenant = cfg.tenant
         self.globs = cfg.models
@@ -129,7 +155,8 @@ class KeyEntry:
         self.tpm_text = str(self.tpm).encode()
         self.admin = cfg.admin
         #: the limiter's name for this key: a prefix of its digest (never the key)
-        self.limit_id = cfg.sha256[:32].lower()
+        #: (a key of the store: named by its id, so a rotation keeps its counts and spend)
+        self.limit_id = limit_id or cfg.sha256[:32].lower()
         own = None
         if cfg.budget_usd is not None:
             label = f"key {cfg.tenant}/{self.limit_id[:12]}"
@@ -148,6 +175,9 @@ class KeyEntry:
         #: its model calls reserve before going upstream (tokens, cost): checked by admit()
         self.metered = self.budgeted or self.tpm is not None
         self._allowed: dict[str, bool] = {}
+        #: a key of the key store: its MCP, passthrough and agent grants (docs/spec.md §28);
+        #: None: the config's, found by its digest
+        self.own: OwnGrants | None = None
 
     def permits(self, model: str) -> bool:
         allowed = self._allowed.get(model)
@@ -199,6 +229,8 @@ class Auth:
         #: background settlements (Redis) still running; kept so they are not garbage-collected
         self._pending: set[asyncio.Task[None]] = set()
         self._unchecked = False
+        #: the keys of the key store (docs/spec.md §28): a digest's entry, found in memory
+        self.stored: StoredKeys | None = None
 
     @property
     def fallback(self) -> bool:
@@ -208,7 +240,8 @@ class Auth:
     @property
     def debits(self) -> bool:
         """Whether any key reserves (tpm, budgets): the request's end then settles its usage."""
-        return self._subjects_metered or any(k.metered for k in self._keys.values())
+        stored = self.stored is not None  # a key made at runtime may get a budget
+        return stored or self._subjects_metered or any(k.metered for k in self._keys.values())
 
     async def check(self, ctx: RequestContext, passthrough: bool = False) -> None:
         """Identify the caller (401) and check its limits (429): ``ctx.tenant``.
@@ -317,6 +350,8 @@ class Auth:
         entry = self._keys.get(digest)
         # a second, constant-time comparison of the digests (the dict lookup found a candidate)
         if entry is None or not hmac.compare_digest(entry.digest, digest):
+            if self.stored is not None and (found := self.stored.find(digest)) is not None:
+                return found  # a key of the key store (docs/spec.md §28)
             if self.sign_ins is not None and looks_like_jwt(credential):
                 return self.sign_ins.identify(credential, digest)  # docs/spec.md §29
             raise Unauthorized("the API key is not valid for this gateway", code="invalid_api_key")
@@ -366,6 +401,8 @@ class Auth:
         owners: list[tuple[str, str | None, Budget]] = [
             (name, None, b) for name, b in self.tenant_budgets.items()
         ]
+        if self.stored is not None:
+            owners += self.stored.budgets()
         for entry in self._keys.values():
             own = entry.allowance.key_budget
             if own is not None:
@@ -527,10 +564,13 @@ def build_auth(
 
 
 def limited(config: Config) -> bool:
-    """Whether any key or grant has rpm, tpm or a budget, or any tenant a budget."""
+    """Whether any key or grant has rpm, tpm or a budget, or any tenant a budget (or keys
+    made at runtime may: the key store, docs/spec.md §28)."""
     policies = config.auth.policies()
-    return any(t.budget_usd for t in config.auth.tenants) or any(
-        k.budget_usd or k.rpm or k.tpm for k in policies
+    return (
+        store_enabled(config)
+        or any(t.budget_usd for t in config.auth.tenants)
+        or any(k.budget_usd or k.rpm or k.tpm for k in policies)
     )
 
 

@@ -50,10 +50,22 @@ class Passthrough:
         >>> p.allows(bytes.fromhex("ab" * 32), "/v1/threads"), p.allows(b"x", "/v1/audio/x")
         (False, False)
         """
-        grant = self._grants.get(digest)
-        return grant is not None and all(
-            any(fnmatch.fnmatchcase(path, g) for g in globs) for globs in grant
-        )
+        return _matches(self._grants.get(digest), path)
+
+    def allows_key(self, key: object, path: str) -> bool:
+        """Whether the identified caller ``key`` may reach ``path``: a key of the key store
+        by its own grant (docs/spec.md §28), any other by its digest."""
+        own = getattr(key, "own", None)
+        if own is not None:
+            return _matches(tuple(own.passthrough), path)
+        digest = getattr(key, "digest", b"")
+        return self.allows(digest, path)
+
+
+def _matches(grant: Grant | None, path: str) -> bool:
+    return grant is not None and all(
+        any(fnmatch.fnmatchcase(path, g) for g in globs) for globs in grant
+    )
 
 
 _BUILT: dict[int, tuple[AuthConfig, Passthrough]] = {}

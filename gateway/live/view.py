@@ -77,6 +77,9 @@ _ASSETS = {
     "": ("index.html", b"text/html; charset=utf-8"),
     "live.js": ("live.js", b"text/javascript; charset=utf-8"),
     "live.css": ("live.css", b"text/css; charset=utf-8"),
+    # the Keys page (docs/spec.md §28): its data comes from the admin API, with the admin key
+    "keys": ("keys.html", b"text/html; charset=utf-8"),
+    "keys.js": ("keys.js", b"text/javascript; charset=utf-8"),
 }
 _CSP = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "

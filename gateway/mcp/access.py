@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from gateway.config import Config, McpServerConfig
+from gateway.hops.auth import KeyEntry
 from gateway.memo import remember
 
 _MEMO_MAX = 4096
@@ -90,6 +91,14 @@ class Access:
         if not self.keys_on or digest_hex is None:
             return EVERYBODY
         return self._grants.get(digest_hex, Grant(digest_hex[:32], [()], [()]))
+
+    def grant_of(self, entry: KeyEntry) -> Grant:
+        """The grant of an identified caller: a key of the key store carries its own
+        (docs/spec.md §28), the others are found by digest."""
+        own = entry.own
+        if own is not None:
+            return Grant(entry.limit_id, own.mcp_servers, own.mcp_tools)
+        return self.grant(entry.digest.hex())
 
     def served(self, server: McpServerConfig, tool: str) -> bool:
         """The server's own allow/deny globs."""

@@ -193,7 +193,7 @@ class Hub:
         if auth.mode != "off":
             entry: KeyEntry = auth.identify(ctx.credential)
             ctx.tenant, ctx.admin, ctx.limit_key = entry.tenant, entry.admin, entry
-            grant = self.access.grant(entry.digest.hex()).owned_by(entry.limit_id)
+            grant = self.access.grant_of(entry).owned_by(entry.limit_id)
         ctx.timeline.auth_done = time.perf_counter()
         return grant
 
