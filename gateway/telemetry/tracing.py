@@ -9,7 +9,10 @@ spans agree exactly with ``Server-Timing`` and the access log. Only the ids are 
 the trace id (continued from an incoming ``traceparent`` when trusted), the root span id (for
 ``traceresponse``) and one span id per attempt (injected upstream as its ``traceparent``).
 
-Sampling is ``ParentBased(TraceIdRatioBased(sample_ratio))``, computed with the SDK's own bound.
+Sampling is ``ParentBased(TraceIdRatioBased(sample_ratio))``, computed with the SDK's own bound,
+and then, as the request ends, ``[tracing] keep`` rules (an error, a cut, a slow request) export a
+request that decision left out (:meth:`Tracing.keep`). A request neither decision keeps has no span
+built for it at all.
 The span tree itself is written by :mod:`gateway.telemetry.spans`.
 """
 
@@ -26,7 +29,9 @@ from typing import Any
 
 from gateway import __version__
 from gateway.config import TracingConfig
+from gateway.config.observability import keep_rule
 from gateway.context import Attempt, RequestContext, TraceContext
+from gateway.errors import UpstreamStreamError
 from gateway.telemetry import otlp
 from gateway.telemetry.content import ContentPolicy
 from gateway.telemetry.export import (
@@ -59,6 +64,8 @@ def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
     return tid, pid, bool(int(flags, 16) & 1)
 
 
+#: :meth:`Tracing.keep`'s answers: not traced, sampled up front, kept by a ``keep`` rule
+DROPPED, SAMPLED, KEPT = 0, 1, 2
 _getrandbits = random.getrandbits
 #: W3C Trace Context §3.3: list members of printable ASCII, at most 512 characters in all
 _TRACESTATE = re.compile(r"[\x20-\x2b\x2d-\x7e]+(,[\x20-\x2b\x2d-\x7e]*)*")
@@ -138,6 +145,33 @@ def resource_attributes(cfg: TracingConfig) -> dict[str, otlp.AttrValue]:
     return attrs
 
 
+class KeepRules:
+    """``[tracing] keep``: which finished requests are traced whatever the sampler said."""
+
+    __slots__ = ("any", "client_error", "cut", "error", "slow_s")
+
+    def __init__(self, rules: tuple[str, ...]) -> None:
+        parsed = [keep_rule(r) for r in rules]  # checked at config load
+        kinds = {kind for kind, _ in parsed}
+        self.error = "error" in kinds
+        self.client_error = "client_error" in kinds
+        self.cut = "cut" in kinds
+        slow = [s for kind, s in parsed if kind == "slow"]
+        self.slow_s = min(slow) if slow else None
+        self.any = bool(parsed)
+
+    def matches(self, ctx: RequestContext) -> bool:
+        answer = ctx.answer
+        status = answer.status
+        if self.cut and (status == 499 or isinstance(answer.error, UpstreamStreamError)):
+            return True
+        if self.error and status >= 500:
+            return True
+        if self.client_error and 400 <= status < 499 and not answer.expected:
+            return True
+        return self.slow_s is not None and ctx.request_time() >= self.slow_s
+
+
 class Tracing:
     """Per-app tracing state: sampler bound, encoder, export queue. No per-request state."""
 
@@ -167,6 +201,9 @@ class Tracing:
         self.style = SpanStyle(self.content, cfg.conventions == "openinference")
         self._bound = TraceIdRatioBased.get_bound_for_rate(cfg.sample_ratio)
         self._trust = cfg.trust_incoming
+        self._keep = KeepRules(cfg.keep)
+        #: requests exported by a keep rule that the ratio or the parent left out
+        self.kept = 0
         self.queue: SpanQueue | None = None
         #: the GenAI client metrics over OTLP (``metrics = true``, docs/spec.md §7)
         self.genai_metrics: GenAIMetrics | None = None
@@ -298,7 +335,24 @@ class Tracing:
             return None
         return (b"traceresponse", trace.traceparent(trace.root_span_id).encode())
 
+    def keep(self, ctx: RequestContext) -> int:
+        """The decision as the request ends (docs/spec.md §7): sampled up front, or kept by a
+        ``keep`` rule now that the outcome is known. A request a rule keeps is marked sampled,
+        so the access log, exemplars and the live view follow the same decision: DROPPED,
+        SAMPLED (by the ratio or the parent) or KEPT (by a rule)."""
+        trace = ctx.trace
+        if trace is None or not self.enabled:
+            return DROPPED
+        if trace.sampled:
+            return SAMPLED
+        if self._keep.any and self._keep.matches(ctx):
+            trace.sampled = True
+            self.kept += 1
+            return KEPT
+        return DROPPED
+
     def finish(self, ctx: RequestContext, edge_hops: list[EdgeHop]) -> None:
+        """Build and queue the spans of a request :meth:`keep` kept (nothing otherwise)."""
         trace = ctx.trace
         if trace is None or not trace.sampled or self.queue is None:
             return
@@ -324,6 +378,7 @@ class Tracing:
             "exported": q.exported,
             "failed": q.failed,
             "dropped": q.dropped,
+            "kept": self.kept,
         }
 
     def shutdown(self) -> None:
