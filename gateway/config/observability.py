@@ -38,6 +38,9 @@ class TracingConfig:
     #: ends (docs/spec.md §7): "error" (a 5xx answer), "client_error" (a 4xx), "cut" (a stream
     #: cut after it began, or a client gone), "slow:<duration>" ("slow:1s", "slow:250ms")
     keep: tuple[str, ...] = ()
+    #: where spans are batched, wrapped and exported: a thread of the serving process, or an
+    #: exporter process of its own fed through a bounded socket buffer (docs/spec.md §7)
+    export_in: Literal["thread", "process"] = "thread"
     #: export queue bounds: a dead collector costs dropped spans, never request time. Bigger
     #: batches than the SDK's 512: each export call costs ~0.7 ms of CPU however small it is
     max_queue_size: int = 8192

@@ -40,6 +40,7 @@ from gateway.telemetry.export import (
     make_exporter,
     make_metrics_exporter,
 )
+from gateway.telemetry.export.process import ProcessExport
 from gateway.telemetry.genai_metrics import GenAIMetrics
 from gateway.telemetry.spans import EdgeHop, build_framed
 from gateway.telemetry.spans.conventions import SpanStyle
@@ -204,13 +205,18 @@ class Tracing:
         self._keep = KeepRules(cfg.keep)
         #: requests exported by a keep rule that the ratio or the parent left out
         self.kept = 0
-        self.queue: SpanQueue | None = None
+        self.queue: SpanQueue | ProcessExport | None = None
         #: the GenAI client metrics over OTLP (``metrics = true``, docs/spec.md §7)
         self.genai_metrics: GenAIMetrics | None = None
         if not self.enabled:
             return
         resource = resource_attributes(cfg)
         encoder = otlp.RequestEncoder(resource, SCOPE_NAME, __version__)
+        if cfg.export_in == "process" and exporter is None:
+            make_exporter(cfg, environ).shutdown()  # its config errors are startup errors here
+            self.queue = ProcessExport(cfg, resource)
+            self._metrics(cfg, resource, environ)
+            return
         if exporter is None:
             exporter = make_exporter(cfg, environ)  # ExportConfigError: a startup error
         self.queue = SpanQueue(
@@ -220,6 +226,11 @@ class Tracing:
             max_batch=cfg.max_export_batch_size,
             schedule_delay_s=cfg.schedule_delay_ms / 1000,
         )
+        self._metrics(cfg, resource, environ)
+
+    def _metrics(
+        self, cfg: TracingConfig, resource: dict[str, otlp.AttrValue], environ: Mapping[str, str]
+    ) -> None:
         if cfg.metrics and cfg.exporter == "otlp":
             metrics_exporter = make_metrics_exporter(cfg, environ)
             self.genai_metrics = GenAIMetrics(metrics_exporter, resource, cfg.metrics_interval_s)
@@ -379,6 +390,11 @@ class Tracing:
             "failed": q.failed,
             "dropped": q.dropped,
             "kept": self.kept,
+            **(
+                {"export_in": "process", "restarts": q.restarts}
+                if isinstance(q, ProcessExport)
+                else {}
+            ),
         }
 
     def shutdown(self) -> None:

@@ -1,0 +1,124 @@
+"""SPEC §7 ``[tracing] export_in = "process"``: spans exported by a supervised exporter process
+fed through a bounded socket buffer. Real sockets, the real OTLP receiver, a real SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx2
+
+from gateway.config import TracingConfig
+from gateway.telemetry.export.process import _config_json, _config_of
+from tests.support import GatewayServer, config_for
+
+MSG = [{"role": "user", "content": "export me elsewhere"}]
+
+
+def process_config(upstream_url: str, receiver, extra: str = ""):
+    return config_for(
+        upstream_url,
+        extra=f"""
+[tracing]
+exporter = "otlp"
+endpoint = "{receiver.endpoint}"
+sample_ratio = 1.0
+schedule_delay_ms = 50
+export_in = "process"
+shutdown_timeout_s = 1
+{extra}
+""",
+    )
+
+
+def chat(gw, model: str) -> int:
+    r = httpx2.post(gw.base_url + "/chat/completions", json={"model": model, "messages": MSG})
+    return r.status_code
+
+
+def test_spans_reach_the_receiver_through_the_exporter_process(gateway, mock_upstream, receiver):
+    gw = gateway(process_config(mock_upstream.url + "/v1", receiver))
+    queue = gw.app.tracing.queue
+    assert queue.process is not None and queue.process.pid != os.getpid()
+    assert chat(gw, "via-process") == 200
+    spans = receiver.wait_for(lambda ss: any(s.name == "chat via-process" for s in ss))
+    root = next(s for s in spans if s.kind == "SERVER")
+    assert len(receiver.trace(root.trace_id)) >= 4  # root, hops, the CLIENT span
+    # the exporter's counters come back to /readyz
+    deadline = time.monotonic() + 5
+    while queue.exported == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        ready = httpx2.get(gw.url + "/readyz").json()
+    assert ready["tracing"]["export_in"] == "process" and ready["tracing"]["exported"] >= 4
+
+
+def test_killing_the_exporter_under_load_fails_no_request_and_it_comes_back(
+    gateway, mock_upstream, receiver
+):
+    gw = gateway(process_config(mock_upstream.url + "/v1", receiver))
+    queue = gw.app.tracing.queue
+    first = queue.process
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load(worker: int) -> None:
+        with httpx2.Client() as client:
+            i = 0
+            while not stop.is_set():
+                r = client.post(
+                    gw.base_url + "/chat/completions",
+                    json={"model": f"load-{worker}-{i}", "messages": MSG},
+                )
+                statuses.append(r.status_code)
+                i += 1
+
+    threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        receiver.wait_for(lambda ss: len(ss) >= 20)
+        before_kill = len(statuses)
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (queue.process is first or queue.restarts < 1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert queue.restarts >= 1 and queue.process is not first
+        assert queue.process.poll() is None  # the new one runs
+        receiver.clear()
+        after_restart = len(statuses)
+        # spans of requests made after the restart reach the receiver
+        receiver.wait_for(lambda ss: sum(s.kind == "SERVER" for s in ss) >= 20)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert first.poll() == -signal.SIGKILL
+    assert len(statuses) > after_restart > before_kill  # serving went on throughout
+    assert set(statuses) == {200}
+    assert chat(gw, "after-the-restart") == 200
+    receiver.wait_for(lambda ss: any(s.name == "chat after-the-restart" for s in ss))
+
+
+def test_the_exporter_process_stops_with_the_gateway(mock_upstream, receiver):
+    gw = GatewayServer(process_config(mock_upstream.url + "/v1", receiver)).start()
+    proc = gw.app.tracing.queue.process
+    assert chat(gw, "last-words") == 200
+    gw.stop()
+    # stopped, not killed: it flushed what it had (SIGTERM ends it with status 0)
+    assert proc.wait(5) == 0
+    assert any(s.name == "chat last-words" for s in receiver.spans)
+
+
+def test_the_settings_cross_to_the_exporter_process_intact():
+    cfg = TracingConfig(
+        exporter="otlp",
+        endpoint="http://127.0.0.1:4318",
+        keep=("error", "slow:1s"),
+        redact=("sk-[a-z]+",),
+        export_in="process",
+        explicit=frozenset({"exporter", "endpoint"}),
+    )
+    assert _config_of(_config_json(cfg)) == cfg
+    assert _config_of(_config_json(cfg)).explicit == cfg.explicit
