@@ -7,7 +7,7 @@ list goes as one datagram over a ``SOCK_DGRAM`` Unix socket pair to the exporter
 socket's buffer is the bounded ring: when it is full (the exporter is slow, dead or restarting) a
 send fails at once and its spans are dropped and counted — a request never waits for it.
 
-The exporter process (``python -m gateway.telemetry.export.process FD``, its settings as JSON on
+The exporter process (``python -m gateway.telemetry.export.child FD``, its settings as JSON on
 stdin) runs the same :class:`~gateway.telemetry.export.span_queue.SpanQueue` and exporter as the
 in-process path: batches, the OTLP envelope, HTTP/gRPC, retries. It is supervised by a thread of
 the serving process: restarted when it dies (what was in the socket's buffer is still there for
@@ -168,7 +168,7 @@ class ProcessExport:
     def _spawn(self) -> subprocess.Popen[bytes]:
         fd = self._theirs.fileno()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.telemetry.export.process", str(fd)],
+            [sys.executable, "-m", "gateway.telemetry.export.child", str(fd)],
             stdin=subprocess.PIPE,
             pass_fds=(fd,),
             start_new_session=True,  # a terminal's ^C goes to the gateway, which stops it
@@ -303,7 +303,3 @@ def main() -> int:
     settings = json.loads(sys.stdin.buffer.read())
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     return serve(fd, settings)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
