@@ -44,6 +44,7 @@ from gateway.telemetry.export.process import ProcessExport
 from gateway.telemetry.genai_metrics import GenAIMetrics
 from gateway.telemetry.spans import EdgeHop, build_framed
 from gateway.telemetry.spans.conventions import SpanStyle
+from gateway.telemetry.spans.record import record, record_spans
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACE_ID_LIMIT = (1 << 64) - 1
@@ -365,8 +366,22 @@ class Tracing:
     def finish(self, ctx: RequestContext, edge_hops: list[EdgeHop]) -> None:
         """Build and queue the spans of a request :meth:`keep` kept (nothing otherwise)."""
         trace = ctx.trace
-        if trace is None or not trace.sampled or self.queue is None:
+        queue = self.queue
+        if trace is None or not trace.sampled or queue is None:
             return
+        if isinstance(queue, ProcessExport):  # the common request: only recorded here
+            rec = record(
+                ctx,
+                trace,
+                edge_hops,
+                self.edge_hop_count,
+                self.cache_backend,
+                self.auth_mode,
+                self.style,
+            )
+            if rec is not None:
+                queue.put_record(rec, record_spans(rec))
+                return
         block, count = build_framed(
             ctx,
             trace,
@@ -376,7 +391,7 @@ class Tracing:
             self.auth_mode,
             self.style,
         )
-        self.queue.put_framed(block, count)
+        queue.put_framed(block, count)
 
     def state(self) -> dict[str, Any]:
         if self.queue is None:

@@ -1,11 +1,12 @@
 """Span export in a process of its own (``[tracing] export_in = "process"``, docs/spec.md §7).
 
-The serving process keeps building each kept request's spans (the framed block
-:func:`gateway.telemetry.spans.build_framed` makes) but no longer batches, wraps or exports them:
-:meth:`ProcessExport.put_framed` appends the block to a list, and once per event-loop turn the
-list goes as one datagram over a ``SOCK_DGRAM`` Unix socket pair to the exporter process. That
-socket's buffer is the bounded ring: when it is full (the exporter is slow, dead or restarting) a
-send fails at once and its spans are dropped and counted — a request never waits for it.
+The serving process writes one compact record per kept common request
+(:meth:`ProcessExport.put_record`; the exporter builds its spans) and builds the spans of any
+other (:meth:`ProcessExport.put_framed`) — and no longer batches, wraps or exports them: each
+is appended to a list, and once per event-loop turn the list goes as one datagram over a
+``SOCK_DGRAM`` Unix socket pair to the exporter process. That socket's buffer is the bounded
+ring: when it is full (the exporter is slow, dead or restarting) a send fails at once and its
+spans are dropped and counted — a request never waits for it.
 
 The exporter process (``python -m gateway.telemetry.export.child FD``, its settings as JSON on
 stdin) runs the same :class:`~gateway.telemetry.export.span_queue.SpanQueue` and exporter as the
@@ -16,8 +17,10 @@ gone by itself when its parent is. Its counters come back over the same socket p
 second.
 
 A datagram is a run of frames: ``count`` (u32, spans) and ``size`` (u32) then ``size`` bytes of
-framed spans. A status datagram from the exporter is ``exported``, ``failed``, ``dropped`` (u64
-each) and the Unix time of its last failure (f64, 0: none).
+framed spans — or, with the count's high bit set, of a common request's record (``marshal``),
+whose spans the exporter builds (:mod:`gateway.telemetry.spans.record`). A status datagram from
+the exporter is ``exported``, ``failed``, ``dropped`` (u64 each) and the Unix time of its last
+failure (f64, 0: none).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import marshal
 import os
 import signal
 import socket
@@ -52,6 +56,8 @@ MAX_DATAGRAM = 60 * 1024
 #: the socket buffer asked for on both ends (the kernel may cap it: net.core.wmem_max)
 RING_BYTES = 4 * 1024 * 1024
 RESTART_DELAY_S = 0.2
+#: the count's high bit: the frame is a marshalled span record, not framed spans
+RECORD = 1 << 31
 
 
 class ProcessExport:
@@ -113,6 +119,16 @@ class ProcessExport:
         if spans:
             self.put_framed(otlp.frame_spans(spans), len(spans))
 
+    def put_record(self, record: tuple[Any, ...], count: int) -> None:
+        """A common request's record (:mod:`gateway.telemetry.spans.record`, ``count`` spans to
+        be): its spans are built by the exporter process."""
+        data = marshal.dumps(record)
+        self._pending.append(_FRAME.pack(count | RECORD, len(data)) + data)
+        self._pending_spans += count
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
     def put_framed(self, block: bytes, count: int) -> None:
         """Called on the event loop: one list append; the send is once per loop turn."""
         self._pending.append(_FRAME.pack(count, len(block)) + block)
@@ -141,7 +157,7 @@ class ProcessExport:
         try:
             self._mine.send(b"".join(frames))
         except OSError:  # full (BlockingIOError), too big (EMSGSIZE): dropped, never waited for
-            self.ring_dropped += sum(_FRAME.unpack_from(f)[0] for f in frames)
+            self.ring_dropped += sum(_FRAME.unpack_from(f)[0] & ~RECORD for f in frames)
 
     def _read_status(self) -> None:
         while True:
@@ -282,7 +298,10 @@ def serve(fd: int, settings: dict[str, Any]) -> int:
         except InterruptedError:  # pragma: no cover - PEP 475 retries; a signal handler ran
             continue
         for block, count in _frames(data):
-            queue.put_framed(block, count)
+            if count & RECORD:
+                _build(queue, block, count & ~RECORD)
+            else:
+                queue.put_framed(block, count)
         now = time.monotonic()
         if now - told >= 1.0:
             told = now
@@ -290,6 +309,19 @@ def serve(fd: int, settings: dict[str, Any]) -> int:
     queue.shutdown(cfg.shutdown_timeout_s)
     _tell(sock, queue)
     return 0
+
+
+def _build(queue: Any, data: bytes, count: int) -> None:
+    """A record's spans, built here; a record that cannot be built is counted as failed."""
+    from gateway.telemetry.spans.record import build_record
+
+    try:
+        block, n = build_record(marshal.loads(data))
+    except Exception:
+        log.exception("a span record could not be built")
+        queue.failed += count
+        return
+    queue.put_framed(block, n)
 
 
 def _tell(sock: socket.socket, queue: Any) -> None:
