@@ -143,7 +143,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
         NO_CACHE + LIVE_OTLP,
     ),
     "tracing-live-process": (
-        "tracing-live with export_in = process: spans built here, exported by another process",
+        "tracing-live with export_in = process: the common request recorded here, its spans "
+        "built and exported by another process",
         NO_CACHE + LIVE_OTLP + 'export_in = "process"\n',
     ),
     "telemetry": (

@@ -122,3 +122,31 @@ def test_the_settings_cross_to_the_exporter_process_intact():
     )
     assert _config_of(_config_json(cfg)) == cfg
     assert _config_of(_config_json(cfg)).explicit == cfg.explicit
+
+
+def test_a_full_ring_drops_and_counts_and_never_blocks(gateway, mock_upstream, receiver):
+    gw = gateway(process_config(mock_upstream.url + "/v1", receiver))
+    queue = gw.app.tracing.queue
+    proc = queue.process
+    assert chat(gw, "warm") == 200
+    receiver.wait_for(lambda ss: any(s.name == "chat warm" for s in ss))
+    os.kill(proc.pid, signal.SIGSTOP)  # the exporter reads nothing: the socket buffer fills
+    try:
+        statuses = []
+        with httpx2.Client() as client:
+            while queue.ring_dropped == 0 and len(statuses) < 20000:
+                r = client.post(
+                    gw.base_url + "/chat/completions",
+                    json={"model": "while-stopped", "messages": MSG},
+                )
+                statuses.append(r.status_code)
+        assert set(statuses) == {200}
+        assert queue.ring_dropped > 0
+        ready = httpx2.get(gw.url + "/readyz").json()
+        assert ready["status"] == "ready" and ready["tracing"]["dropped"] >= queue.ring_dropped
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    # what the buffer held is exported once the exporter runs again; new requests are too
+    assert chat(gw, "after-the-stop") == 200
+    receiver.wait_for(lambda ss: any(s.name == "chat after-the-stop" for s in ss))
+    assert queue.restarts == 0
