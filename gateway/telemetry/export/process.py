@@ -3,7 +3,7 @@
 The serving process writes one compact record per kept common request
 (:meth:`ProcessExport.put_record`; the exporter builds its spans) and builds the spans of any
 other (:meth:`ProcessExport.put_framed`) — and no longer batches, wraps or exports them: each
-is appended to a list, and once per event-loop turn the list goes as one datagram over a
+is appended to a list, and every 50 ms (or every 1024 entries) the list goes as datagrams over a
 ``SOCK_DGRAM`` Unix socket pair to the exporter process. That socket's buffer is the bounded
 ring: when it is full (the exporter is slow, dead or restarting) a send fails at once and its
 spans are dropped and counted — a request never waits for it.
@@ -56,6 +56,10 @@ MAX_DATAGRAM = 60 * 1024
 #: the socket buffer asked for on both ends (the kernel may cap it: net.core.wmem_max)
 RING_BYTES = 4 * 1024 * 1024
 RESTART_DELAY_S = 0.2
+#: pending frames are sent this long after the first of them (or at once beyond FLUSH_FRAMES):
+#: one send — and one wake-up of the exporter — per stretch, not per request
+FLUSH_S = 0.05
+FLUSH_FRAMES = 1024
 #: the count's high bit: the frame is a marshalled span record, not framed spans
 RECORD = 1 << 31
 
@@ -76,8 +80,8 @@ class ProcessExport:
                     sock.setsockopt(socket.SOL_SOCKET, opt, RING_BYTES)
         self._mine.setblocking(False)
         self._pending: list[bytes] = []
-        self._pending_spans = 0
         self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
         #: spans dropped here (ring full, or a request's spans over one datagram)
         self.ring_dropped = 0
         #: the exporter's own counters, as it last told them
@@ -123,25 +127,36 @@ class ProcessExport:
         """A common request's record (:mod:`gateway.telemetry.spans.record`, ``count`` spans to
         be): its spans are built by the exporter process."""
         data = marshal.dumps(record)
-        self._pending.append(_FRAME.pack(count | RECORD, len(data)) + data)
-        self._pending_spans += count
+        pending = self._pending
+        pending.append(_FRAME.pack(count | RECORD, len(data)) + data)
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._schedule()
+        elif len(pending) >= FLUSH_FRAMES:
+            self.flush()
 
     def put_framed(self, block: bytes, count: int) -> None:
-        """Called on the event loop: one list append; the send is once per loop turn."""
-        self._pending.append(_FRAME.pack(count, len(block)) + block)
-        self._pending_spans += count
+        """Called on the event loop: one list append; the sends are batched (:data:`FLUSH_S`)."""
+        pending = self._pending
+        pending.append(_FRAME.pack(count, len(block)) + block)
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._schedule()
+        elif len(pending) >= FLUSH_FRAMES:
+            self.flush()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
 
     def flush(self) -> None:
         """Send what is pending as few datagrams as fit; a full ring drops (and counts)."""
         self._scheduled = False
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        self._drain()
+
+    def _drain(self) -> None:
         frames, self._pending = self._pending, []
-        self._pending_spans = 0
         batch: list[bytes] = []
         size = 0
         for frame in frames:
@@ -217,7 +232,7 @@ class ProcessExport:
     def shutdown(self, timeout_s: float) -> None:
         """Stop the exporter: what is queued is flushed within ``timeout_s``, then it is killed."""
         self._stopping.set()
-        self.flush()
+        self._drain()  # from another thread: the loop's timer is left to find nothing
         proc = self.process
         deadline = time.monotonic() + timeout_s
         while proc is not None and proc.poll() is None and time.monotonic() < deadline:
