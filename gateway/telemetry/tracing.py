@@ -406,7 +406,11 @@ class Tracing:
             "dropped": q.dropped,
             "kept": self.kept,
             **(
-                {"export_in": "process", "restarts": q.restarts}
+                {
+                    "export_in": "process",
+                    "exporter_pid": q.process.pid if q.process is not None else None,
+                    "restarts": q.restarts,
+                }
                 if isinstance(q, ProcessExport)
                 else {}
             ),

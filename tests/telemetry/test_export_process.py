@@ -52,6 +52,7 @@ def test_spans_reach_the_receiver_through_the_exporter_process(gateway, mock_ups
         time.sleep(0.05)
         ready = httpx2.get(gw.url + "/readyz").json()
     assert ready["tracing"]["export_in"] == "process" and ready["tracing"]["exported"] >= 4
+    assert ready["tracing"]["exporter_pid"] == queue.process.pid
 
 
 def test_killing_the_exporter_under_load_fails_no_request_and_it_comes_back(

@@ -111,7 +111,8 @@ class ProcessExport:
 
     @property
     def endpoint(self) -> str:
-        return f"process {self.process.pid if self.process is not None else '-'}"
+        """The configured endpoint (the exporter process resolves ``OTEL_*`` defaults)."""
+        return self.cfg.endpoint or ""
 
     @property
     def dropped(self) -> int:
