@@ -56,6 +56,7 @@ MAX_DATAGRAM = 60 * 1024
 #: the socket buffer asked for on both ends (the kernel may cap it: net.core.wmem_max)
 RING_BYTES = 4 * 1024 * 1024
 RESTART_DELAY_S = 0.2
+MAX_RESTART_DELAY_S = 5.0
 #: pending frames are sent this long after the first of them (or at once beyond FLUSH_FRAMES):
 #: one send — and one wake-up of the exporter — per stretch, not per request
 FLUSH_S = 0.05
@@ -212,6 +213,7 @@ class ProcessExport:
 
     def _supervise(self) -> None:
         first = True
+        delay = RESTART_DELAY_S
         while not self._stopping.is_set():
             try:
                 self.process = proc = self._spawn()
@@ -225,10 +227,14 @@ class ProcessExport:
                 log.warning("span exporter process restarted (pid %d)", proc.pid)
             first = False
             self._started.set()
+            began = time.monotonic()
             proc.wait()
             if not self._stopping.is_set():
                 log.warning("span exporter process %d ended (%s)", proc.pid, proc.returncode)
-                self._stopping.wait(RESTART_DELAY_S)
+                # one that dies as it starts is not started again in a tight loop
+                lived = time.monotonic() - began
+                delay = RESTART_DELAY_S if lived > 10 else min(delay * 2, MAX_RESTART_DELAY_S)
+                self._stopping.wait(delay)
 
     def shutdown(self, timeout_s: float) -> None:
         """Stop the exporter: what is queued is flushed within ``timeout_s``, then it is killed."""
