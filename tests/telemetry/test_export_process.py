@@ -7,11 +7,13 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx2
 
 from gateway.config import TracingConfig
 from gateway.telemetry.export.process import _config_json, _config_of
+from tests.gateway_process import backend_toml, gateway_process
 from tests.support import GatewayServer, config_for
 
 MSG = [{"role": "user", "content": "export me elsewhere"}]
@@ -157,3 +159,57 @@ def test_a_full_ring_drops_and_counts_and_never_blocks(gateway, mock_upstream, r
         seen = any(s.name == "chat after-the-stop" for s in receiver.spans)
     assert seen
     assert queue.restarts == 0
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _exporters(pid: int) -> list[int]:
+    """The span exporter processes under the gateway ``pid`` (its workers' children)."""
+    found = []
+    for worker in _children(pid):
+        for child in [worker, *_children(worker)]:
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"gateway.telemetry.export.child" in cmd:
+                found.append(child)
+    return found
+
+
+def test_gateway_serve_runs_one_exporter_per_worker_and_stops_them(
+    tmp_path, mock_upstream, receiver
+):
+    body = backend_toml("up", mock_upstream.url + "/v1") + (
+        '[[routes]]\nmodels = ["*"]\nbackends = ["up"]\n'
+        f'[tracing]\nexporter = "otlp"\nendpoint = "{receiver.endpoint}"\n'
+        'sample_ratio = 1.0\nschedule_delay_ms = 50\nexport_in = "process"\n'
+        "shutdown_timeout_s = 1\n"
+    )
+    with gateway_process(tmp_path, body, workers=2) as gw:
+        for i in range(20):
+            r = httpx2.post(
+                gw.url + "/v1/chat/completions", json={"model": f"served-{i}", "messages": MSG}
+            )
+            assert r.status_code == 200
+        receiver.wait_for(lambda ss: sum(s.kind == "SERVER" for s in ss) >= 20)
+        exporters = _exporters(gw.proc.pid)
+        assert len(exporters) == 2  # one per worker
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(15) == 0
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{p}").exists() for p in exporters) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in exporters if Path(f"/proc/{p}").exists()]
