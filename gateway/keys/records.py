@@ -76,6 +76,12 @@ class RecordStore(Protocol):
         """The counter: the version of the latest write."""
         ...
 
+    async def head(self) -> tuple[int, str]:
+        """The counter and the store's epoch: a random mark made with the store (set if
+        missing), so a store that lost its data and was written again is told apart from the
+        one read before, whatever its counter says."""
+        ...
+
     async def changes(self, since: int) -> list[Record]:
         """Every record (tombstones included) written after version ``since``."""
         ...
