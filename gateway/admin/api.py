@@ -172,6 +172,12 @@ async def list_keys(call: AdminCall) -> tuple[int, Any]:
 
 async def create_key(call: AdminCall) -> tuple[int, Any]:
     fields = p.key_fields(call.body, partial=False)
+    held = await call.keys.fresh("t:" + fields["tenant"])
+    if held is not None and held.get("deleted"):  # its keys are refused: make none
+        raise p.AdminConflict(
+            f"tenant {fields['tenant']!r} was deleted: create it again first",
+            code="tenant_deleted",
+        )
     secret = new_secret()
     now = time.time()
     record: Record = {"kind": "key", "id": new_id(), **fields}
@@ -331,6 +337,16 @@ async def update_tenant(call: AdminCall) -> tuple[int, Any]:
 
 
 async def delete_tenant(call: AdminCall) -> tuple[int, Any]:
+    """Refused (409 ``tenant_in_use``) while a live key names the tenant: its keys would lose
+    the tenant's budget and the narrowing of its grants."""
+    tenant = _tenant_name(call)
+    await call.keys.sync()  # what the other replicas made too
+    in_use = [k["id"] for k in call.keys.index.key_records() if k["tenant"] == tenant]
+    if in_use:
+        raise p.AdminConflict(
+            f"tenant {tenant!r} has {len(in_use)} key(s) (e.g. {in_use[0]}): delete them first",
+            code="tenant_in_use",
+        )
     await _change_tenant(call, "tenant.delete", None)
     return 200, {"name": call.parts[1], "object": "gateway.tenant", "deleted": True}
 
