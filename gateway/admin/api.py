@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from gateway.admin import payloads as p
-from gateway.admin.access import AdminAccess
+from gateway.admin.access import AdminAccess, bearer_of
 from gateway.admin.openapi import OPENAPI
 from gateway.admin.views import (
     audit,
@@ -90,7 +90,7 @@ class AdminApi:
                 await out.json(200, OPENAPI)
                 return
             call = AdminCall(rt, _service(rt), method, parts)
-            call.who = self.access.who(rt, ctx.credential)
+            call.who = self.access.who(rt, bearer_of(scope["headers"]))
             handler = _route(call)
             if method in ("POST", "PATCH"):
                 call.body = p.parse_object(await read_body(ctx, receive, self.max_body))
