@@ -183,6 +183,7 @@ async def create_key(call: AdminCall) -> tuple[int, Any]:
     record: Record = {"kind": "key", "id": new_id(), **fields}
     record.update(digest=digest_of(secret), prefix=prefix_of(secret), old=[], blocked=False)
     record["created_at"] = now
+    key_view({**record, "updated_at": now})  # what the answer and audit line show: before writing
     written = await call.keys.write(record, 0)
     view = key_view(written)
     audit(call.who, "key.create", written["id"], None, view)
@@ -214,8 +215,11 @@ async def _change_key(
     key_id = _key_id(call)
     for _ in range(_RETRIES):
         before = await _key_record(call, key_id)
+        changed = change(dict(before))
+        if not changed.get("deleted"):
+            key_view(changed)  # what the answer and audit line show: before writing
         try:
-            after = await call.keys.write(change(dict(before)), int(before["version"]))
+            after = await call.keys.write(changed, int(before["version"]))
         except Conflict:
             continue
         shown = None if after.get("deleted") else key_view(after)

@@ -22,6 +22,8 @@ KEY_ID_RE: Final = re.compile(r"key_[0-9a-f]{16}")
 MAX_GLOBS: Final = 64
 MAX_GLOB: Final = 200
 MAX_METADATA: Final = 4096
+#: the latest ``expires_at``: 9999-12-31T23:59:59Z, in Unix seconds
+MAX_EXPIRES: Final = 253402300799
 #: the longest grace a rotation may give the old secret (30 days)
 MAX_GRACE_S: Final = 30 * 86400
 
@@ -103,19 +105,28 @@ def _period(value: Any) -> str:
 
 
 def expires(value: Any) -> float | None:
-    """``expires_at``: RFC 3339 text or Unix seconds (null: never)."""
+    """``expires_at``: RFC 3339 text or Unix seconds (null: never), within 1970..9999 (so
+    milliseconds, or a value no date can show, are a 400 rather than a record every read fails
+    on)."""
     if value is None:
         return None
+    at: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    if isinstance(value, str) and len(value) <= 40:
+        at = float(value)
+    elif isinstance(value, str) and len(value) <= 40:
         try:
-            at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             pass
         else:
-            return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
-    raise _bad("expires_at", "an RFC 3339 time (2030-01-01T00:00:00Z), Unix seconds, or null")
+            at = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    if at is None or not 0 <= at <= MAX_EXPIRES:
+        raise _bad(
+            "expires_at",
+            f"an RFC 3339 time (2030-01-01T00:00:00Z), Unix seconds within 0..{MAX_EXPIRES}, "
+            "or null",
+        )
+    return at
 
 
 def _metadata(value: Any) -> dict[str, Any]:

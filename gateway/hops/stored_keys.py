@@ -156,7 +156,10 @@ class StoredEntries:
 
 
 def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):  # a record written before expires_at was bounded
+        return f"{at:.0f} (Unix s)"
 
 
 __all__ = ["StoredEntries", "key_policy", "limit_id", "stored_tenant_budget"]
