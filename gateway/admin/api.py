@@ -9,6 +9,7 @@ it read again), then writes an audit line. Keys and tenants of the config are li
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,13 +29,16 @@ from gateway.admin.views import (
 )
 from gateway.config import Config
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.errors import ClientGone, GatewayError, MethodNotAllowed, NotFound
 from gateway.hops.edge import read_body
 from gateway.keys import Conflict, KeyService, StoreDown, new_secret, prefix_of, store_enabled
 from gateway.keys.records import Record, digest_of, new_id
 from gateway.runtime import Endpoint, Runtime
+from gateway.scope import InternalError
 from gateway.types import Receive, Scope, Send
 from gateway.writer import ResponseWriter
+
+log = logging.getLogger("gateway.admin")
 
 PREFIX: Final = "/admin/v1/"
 ME_PATH: Final = "/_gateway/api/me"
@@ -83,6 +87,18 @@ class AdminApi:
 
     async def serve(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         ctx, out = _writer(rt, scope, send)
+        try:
+            await self._serve(rt, scope, receive, ctx, out)
+        except ClientGone:
+            ctx.disconnected = True
+        except Exception:  # a bug: a 500 in the OpenAI shape, never a bare traceback
+            log.exception("admin request %s failed", ctx.request_id)
+            if not out.started:
+                await out.error(InternalError("internal error in the gateway"))
+
+    async def _serve(
+        self, rt: Runtime, scope: Scope, receive: Receive, ctx: RequestContext, out: ResponseWriter
+    ) -> None:
         try:
             parts = scope["path"][len(PREFIX) :].split("/")
             method = scope["method"]

@@ -22,6 +22,8 @@ KEY_ID_RE: Final = re.compile(r"key_[0-9a-f]{16}")
 MAX_GLOBS: Final = 64
 MAX_GLOB: Final = 200
 MAX_METADATA: Final = 4096
+#: how deep metadata may nest (the object itself is 1)
+MAX_DEPTH: Final = 16
 #: the latest ``expires_at``: 9999-12-31T23:59:59Z, in Unix seconds
 MAX_EXPIRES: Final = 253402300799
 #: the longest grace a rotation may give the old secret (30 days)
@@ -132,9 +134,31 @@ def expires(value: Any) -> float | None:
 def _metadata(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, dict) or len(orjson.dumps(value)) > MAX_METADATA:
-        raise _bad("metadata", f"a JSON object of at most {MAX_METADATA} bytes")
+    problem = f"a JSON object of at most {MAX_METADATA} bytes, nested at most {MAX_DEPTH} deep"
+    if not isinstance(value, dict) or _depth(value) > MAX_DEPTH:
+        raise _bad("metadata", problem)
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError:
+        raise _bad("metadata", problem) from None
+    if size > MAX_METADATA:
+        raise _bad("metadata", problem)
     return value
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests (stops counting past :data:`MAX_DEPTH`)."""
+    depth, level = 0, [value]
+    while level and depth <= MAX_DEPTH:
+        depth += 1
+        nested: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                nested.extend(v.values())
+            elif isinstance(v, list):
+                nested.extend(v)
+        level = [v for v in nested if isinstance(v, dict | list)]
+    return depth
 
 
 def grace(body: dict[str, Any]) -> float:
