@@ -4,7 +4,6 @@ bounded (lengths, counts, the metadata's size), every problem a 400 naming the f
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -13,12 +12,9 @@ import orjson
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.hops.router import json_object
+from gateway.keys.records import KEY_ID_RE, NAME_RE
 
 PERIODS: Final = ("day", "week", "month", "total")
-#: a tenant's name: what the config's tenants may be named too, without path tricks
-NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-#: a key's id as the store makes it
-KEY_ID_RE: Final = re.compile(r"key_[0-9a-f]{16}")
 MAX_GLOBS: Final = 64
 MAX_GLOB: Final = 200
 MAX_METADATA: Final = 4096
