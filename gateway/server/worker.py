@@ -2,11 +2,12 @@
 [--admin-fd A]``.
 
 Started by :class:`gateway.server.supervisor.Supervisor` with the socket ``gateway serve`` bound
-(``--listen-fd``; ``[admin] listen``'s: ``--admin-fd``, docs/spec.md §28) and the read end
-of the supervisor's pipe (``--parent-fd``: it closes when the supervisor is gone). The config is loaded the way ``gateway serve`` loaded it, from the
-environment it set (``GATEWAY_CONFIG`` and the ``GATEWAY__…`` overrides); the process then
-serves as a single ``gateway serve`` does (:class:`gateway.server.process.Server`) and exits 0
-after a drain, :data:`~gateway.server.supervisor.STARTUP_FAILURE` when its app could not start.
+(``--listen-fd``; ``[admin] listen``'s: ``--admin-fd``, docs/spec.md §28) and the read end of
+the supervisor's pipe (``--parent-fd``: it closes when the supervisor is gone). The config is
+loaded the way ``gateway serve`` loaded it, from the environment it set (``GATEWAY_CONFIG`` and
+the ``GATEWAY__…`` overrides); the process then serves as a single ``gateway serve`` does
+(:class:`gateway.server.process.Server`) and exits 0 after a drain,
+:data:`~gateway.server.supervisor.STARTUP_FAILURE` when its app could not start.
 """
 
 from __future__ import annotations
