@@ -30,30 +30,40 @@ from tests.admin.admin_support import (
     wait_for,
 )
 from tests.gateway_process import parse_head
+from tests.h2.support import http2_client, make_certs
 from tests.support import Process, free_port, gateway_cli, gateway_config, openai_client, wait_port
 
 LOG = '[logging]\naccess_log = "off"\nlevel = "info"\nformat = "text"\n'
 
 
 def write_config(
-    tmp_path: Path, port: int, listen: str, workers: int = 1, backend: str = "mock://"
+    tmp_path: Path,
+    port: int,
+    listen: str,
+    workers: int = 1,
+    backend: str = "mock://",
+    extra: str = "",
 ) -> Path:
     body = admin_toml(admin_extra=f'listen = "{listen}"\ndata_dir = "{tmp_path}"')
     body = body.replace('url = "mock://?output_tokens=3"', f'url = "{backend}"')
     path = tmp_path / f"gateway-{port}.toml"
-    path.write_text(f"[server]\nport = {port}\nworkers = {workers}\n{LOG}\n{body}")
+    path.write_text(f"[server]\nport = {port}\nworkers = {workers}\n{LOG}\n{body}\n{extra}")
     return path
 
 
 @contextlib.contextmanager
 def serving(
-    tmp_path: Path, workers: int = 1, backend: str = "mock://", host: str = "127.0.0.1"
+    tmp_path: Path,
+    workers: int = 1,
+    backend: str = "mock://",
+    host: str = "127.0.0.1",
+    extra: str = "",
 ) -> Iterator[tuple[Process, int]]:
     """The gateway on a free port, its admin API on another; yields both (the admin port's
     process is the same one)."""
     port, admin_port = free_port(), free_port()
     listen = f"[{host}]:{admin_port}" if ":" in host else f"{host}:{admin_port}"
-    path = write_config(tmp_path, port, listen, workers, backend)
+    path = write_config(tmp_path, port, listen, workers, backend, extra)
     proc = Process(gateway_cli("serve", "-c", str(path)), port)
     try:
         if host == "127.0.0.1":
@@ -136,6 +146,21 @@ def test_an_ipv6_admin_listener(tmp_path):
         assert_not_found(get(proc.url, "/admin/v1/keys", ADMIN))
         out = proc.stop()
     assert f"gateway: admin API on http://[::1]:{admin_port}/admin/v1/" in out
+
+
+def test_the_admin_listener_speaks_what_the_gateway_s_port_speaks(tmp_path):
+    """With ``[server.tls]`` (ALPN h2): the admin API over TLS and HTTP/2 on its port, with the
+    gateway's certificate; still a 404 on the gateway's port."""
+    certs = make_certs(tmp_path / "certs")
+    with serving(tmp_path, extra=certs.toml()) as (proc, admin_port):
+        with http2_client(certs, timeout=5) as client:
+            listed = client.get(f"https://127.0.0.1:{admin_port}/admin/v1/keys", headers=ADMIN)
+            assert listed.status_code == 200 and listed.http_version == "HTTP/2"
+            models = client.get(f"https://127.0.0.1:{admin_port}/v1/models", headers=ADMIN)
+            assert_not_found(models)
+            assert_not_found(client.get(f"https://127.0.0.1:{proc.port}/admin/v1/keys"))
+        out = proc.stop()
+    assert f"gateway: admin API on https://127.0.0.1:{admin_port}/admin/v1/" in out
 
 
 def _connects(family: int, host: str, port: int) -> bool:
