@@ -31,6 +31,10 @@ What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, 
   closed at once, while the connections already open keep being served.
 - the socket is bound first and listens only once the app is up: until then a connection is
   refused, not queued behind a startup that may fail (which exits :data:`STARTUP_FAILURE`).
+- ``[admin] listen`` (docs/spec.md §28): a second socket, bound with the first (before
+  "serving on"; one that cannot be bound exits :data:`STARTUP_FAILURE` too), served by the
+  same :class:`Server` with its own state and app (:func:`admin_listeners`), listening,
+  closed and drained with the first.
 - SIGTERM is a graceful drain, not an error: stop accepting, let in-flight requests and
   streams finish within ``shutdown_grace_s`` (then cancel what is left), run the lifespan
   shutdown (pools closed, spans flushed), exit 0 — a Kubernetes rollout logs a pod stop as a
