@@ -32,6 +32,7 @@ from tests.admin.admin_support import (
 from tests.gateway_process import parse_head
 from tests.h2.support import http2_client, make_certs
 from tests.support import Process, free_port, gateway_cli, gateway_config, openai_client, wait_port
+from tests.test_drain import children
 
 LOG = '[logging]\naccess_log = "off"\nlevel = "info"\nformat = "text"\n'
 
@@ -111,6 +112,10 @@ def test_the_admin_api_is_served_on_its_own_port_and_only_there(tmp_path, worker
         assert get(admin_url, "/readyz").json()["status"] == "ready"
         refused = get(admin_url, "/admin/v1/keys", bearer("wrong-" + "x" * 40))
         assert refused.status_code == 401 and code(refused) == "invalid_api_key"
+        if workers > 1:  # each worker listens on the admin socket the supervisor passed down
+            workers_pids = children(proc.proc.pid)
+            assert len(workers_pids) == workers
+            assert all(listening_on(pid, admin_port) for pid in workers_pids)
         # the gateway's port: no admin API at all, whatever the credential (fail closed)
         for path in ("/admin/v1/keys", "/admin/v1/openapi.json", "/admin/v1/spend"):
             assert_not_found(get(proc.url, path, ADMIN))
@@ -161,6 +166,21 @@ def test_the_admin_listener_speaks_what_the_gateway_s_port_speaks(tmp_path):
             assert_not_found(client.get(f"https://127.0.0.1:{proc.port}/admin/v1/keys"))
         out = proc.stop()
     assert f"gateway: admin API on https://127.0.0.1:{admin_port}/admin/v1/" in out
+
+
+def listening_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the listening socket of 127.0.0.1:``port``."""
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        for line in list(table)[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(fd))
+    return bool(inodes & held)
 
 
 def _connects(family: int, host: str, port: int) -> bool:
