@@ -183,6 +183,13 @@ VARIANTS: dict[str, Variant] = {
         + '[tracing]\nexporter = "otlp"\nendpoint = "{otlp_endpoint}"\n'
         + 'protocol = "http/protobuf"\nsample_ratio = 1.0\n',
     ),
+    "tracing-otlp-process": Variant(
+        "tracing-otlp with export_in = process (spans exported by a process of their own; "
+        "its CPU counted with the gateway's)",
+        _NO_CACHE
+        + '[tracing]\nexporter = "otlp"\nendpoint = "{otlp_endpoint}"\n'
+        + 'protocol = "http/protobuf"\nsample_ratio = 1.0\nexport_in = "process"\n',
+    ),
     "tracing-collector-down": Variant(
         "every request traced; the OTLP endpoint is a closed port",
         _NO_CACHE
@@ -239,6 +246,14 @@ VARIANTS: dict[str, Variant] = {
         "tracing otlp ratio 1.0 to a live sink, metrics, sampled access log, memory cache "
         "missing (unique prompts), live view on",
         _EVERYTHING,
+        lua="chat_unique.lua",
+    ),
+    "everything-process": Variant(
+        "everything with export_in = process (the exporter process's CPU counted with the "
+        "gateway's)",
+        _EVERYTHING.replace(
+            "sample_ratio = 1.0\n", 'sample_ratio = 1.0\nexport_in = "process"\n', 1
+        ),
         lua="chat_unique.lua",
     ),
     "workers-2": Variant(

@@ -12,6 +12,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.hops.router import json_object
 
 PERIODS: Final = ("day", "week", "month", "total")
 #: a tenant's name: what the config's tenants may be named too, without path tricks
@@ -44,15 +45,8 @@ class StoreUnavailable(GatewayError):
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:
-    if not raw.strip():
-        return {}
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the body is not JSON: {exc}", code="invalid_json") from None
-    if not isinstance(value, dict):
-        raise InvalidRequest("the body must be a JSON object", code="invalid_json")
-    return value
+    """The body as one JSON object (the router's rule, :func:`json_object`); none: ``{}``."""
+    return json_object(raw) if raw.strip() else {}
 
 
 def _bad(field: str, message: str) -> InvalidRequest:

@@ -15,7 +15,7 @@ from gateway.config.features import CacheConfig, McpServerConfig
 from gateway.config.identities import check_jwt
 from gateway.config.key_paths import KeyPathErrors
 from gateway.config.listening import EdgeConfig, ServerConfig
-from gateway.config.observability import TracingConfig, UiConfig
+from gateway.config.observability import TracingConfig, UiConfig, keep_rule
 from gateway.config.root import Config
 from gateway.origins import check_entries
 from gateway.target import is_canonical
@@ -214,6 +214,11 @@ def _check_tracing(tr: TracingConfig, err: KeyPathErrors) -> None:
     if tr.max_export_batch_size > tr.max_queue_size:
         err("tracing.max_export_batch_size", "must not exceed tracing.max_queue_size")
     err.positive(tr, "tracing", "capture_max_bytes", "metrics_interval_s")
+    for i, rule in enumerate(tr.keep):
+        try:
+            keep_rule(rule)
+        except ValueError as exc:
+            err(f"tracing.keep[{i}]", str(exc))
     for i, pattern in enumerate(tr.redact):
         try:
             if re.compile(pattern).fullmatch(""):

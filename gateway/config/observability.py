@@ -34,6 +34,13 @@ class TracingConfig:
     metrics: bool = False
     #: how often the GenAI client metrics are exported, in seconds
     metrics_interval_s: float = 60.0
+    #: requests traced whatever ``sample_ratio`` and the parent say, decided as the request
+    #: ends (docs/spec.md §7): "error" (a 5xx answer), "client_error" (a 4xx), "cut" (a stream
+    #: cut after it began, or a client gone), "slow:<duration>" ("slow:1s", "slow:250ms")
+    keep: tuple[str, ...] = ()
+    #: where spans are batched, wrapped and exported: a thread of the serving process, or an
+    #: exporter process of its own fed through a bounded socket buffer (docs/spec.md §7)
+    export_in: Literal["thread", "process"] = "thread"
     #: export queue bounds: a dead collector costs dropped spans, never request time. Bigger
     #: batches than the SDK's 512: each export call costs ~0.7 ms of CPU however small it is
     max_queue_size: int = 8192
@@ -53,6 +60,32 @@ class TracingConfig:
             return True
         default = next(f.default for f in dataclasses.fields(self) if f.name == name)
         return bool(getattr(self, name) != default)
+
+
+KEEP_KINDS = ("error", "client_error", "cut")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0}
+
+
+def keep_rule(rule: str) -> tuple[str, float]:
+    """One ``[tracing] keep`` rule as (kind, slow threshold in seconds; 0 for the others).
+    ValueError (with what is wrong) for a rule that is none of them."""
+    kind, sep, arg = rule.strip().partition(":")
+    if kind in KEEP_KINDS and not sep:
+        return kind, 0.0
+    if kind != "slow" or not sep:
+        raise ValueError(
+            f"expected one of {', '.join(KEEP_KINDS)} or slow:<duration>, got {rule!r}"
+        )
+    for unit in ("ms", "s", "m"):
+        if arg.endswith(unit):
+            try:
+                seconds = float(arg[: -len(unit)]) * _UNITS[unit]
+            except ValueError:
+                break
+            if seconds > 0 and seconds == seconds and seconds != float("inf"):
+                return "slow", seconds
+            break
+    raise ValueError(f"slow needs a positive duration like 1s or 250ms, got {rule!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,4 +114,4 @@ class UiConfig:
     recent: int = 500
 
 
-__all__ = ["LoggingConfig", "MetricsConfig", "TracingConfig", "UiConfig"]
+__all__ = ["KEEP_KINDS", "LoggingConfig", "MetricsConfig", "TracingConfig", "UiConfig", "keep_rule"]

@@ -123,7 +123,16 @@ class SSERelay:
         except GatewayError:
             await self._close_upstream()
             raise
-        await until_disconnect(self.ctx, receive, self._pump(), cleanup=self._close_upstream)
+        # the idle timer and the disconnect watcher are set up once this task first waits: a
+        # stream whose first events came with its head writes them before either exists
+        watchdog = _IdleWatchdog(self.idle_timeout)
+        await until_disconnect(
+            self.ctx,
+            receive,
+            self._pump(watchdog),
+            cleanup=self._close_upstream,
+            waiting=watchdog.arm,
+        )
         if self.ctx.disconnected:
             self._on_client_gone()
         return self.cut
@@ -137,8 +146,7 @@ class SSERelay:
                 code="upstream_bad_content_type",
             )
 
-    async def _pump(self) -> None:
-        watchdog = _IdleWatchdog(self.idle_timeout)
+    async def _pump(self, watchdog: _IdleWatchdog) -> None:
         decoder = self._decoder
         try:
             try:
@@ -209,18 +217,19 @@ class SSERelay:
         self.content += content
         _event_gap(timeline, now)
         if not self.out.started:
-            await self._start()
+            await self._start(bool(out))
         if out:
             encoder = self._encoder
             await self.out.body(encoder.encode(b"".join(out)) + encoder.flush(), more=True)
 
-    async def _start(self) -> None:
-        """The response's head, with the first events."""
+    async def _start(self, follows: bool) -> None:
+        """The response's head, with the first events (``follows``: written in the same step,
+        so the server sends head and events in one write, with no flush of the head's own)."""
         headers = list(SSE_HEADERS)
         headers.extend(copy_headers(self.resp.headers, _DROP_SSE))
         headers.extend(upstream_request_id(self.resp.headers))
         headers.extend(self._encoder.headers)
-        await self.out.start(200, headers)
+        await self.out.start(200, headers, follows)
         if self.state is State.AWAITING_FIRST:
             self.state = State.STREAMING
 
@@ -285,7 +294,9 @@ def _usage_only(obj: Any) -> bool:
 class _IdleWatchdog(Deadline):
     """The stream idle timeout (:class:`gateway.deadline.Deadline`: one timer per stream, each
     chunk only notes the time): a real idle stretch cancels the relay's task, turned into the
-    idle cut by :meth:`expired_now`."""
+    idle cut by :meth:`expired_now`. The stretch begins when it is made; its timer is armed
+    (:meth:`arm`) when the relay first waits, so first events that came with the head are
+    written before any timer exists (a stopped watchdog is never armed)."""
 
     __slots__ = ("_cancelling", "_task")
 
@@ -295,7 +306,7 @@ class _IdleWatchdog(Deadline):
         super().__init__(task.get_loop(), timeout, task.cancel)
         self._task = task
         self._cancelling = task.cancelling()
-        self.start()
+        self.begin()
 
     def expired_now(self) -> bool:
         """Whether the CancelledError being handled is this watchdog's (then it is consumed);
@@ -346,11 +357,18 @@ async def until_disconnect(
     receive: Receive,
     work: Coroutine[Any, Any, _T],
     cleanup: Callable[[], Awaitable[None]] | None = None,
+    waiting: Callable[[], object] | None = None,
 ) -> _T | None:
-    """Run ``work`` until it ends or the client disconnects (then cancel it at once)."""
+    """Run ``work`` until it ends or the client disconnects (then cancel it at once).
+
+    The watcher is made when this task first waits (a callback the loop runs after the current
+    step): what the step writes before that — a stream's first events, when they came with its
+    head — goes out without a task made first (docs/spec.md §8). ``waiting`` is called then
+    too. Work that ends without ever waiting makes no watcher at all."""
     task = asyncio.current_task()
     assert task is not None
-    watcher = asyncio.ensure_future(_watch_disconnect(receive, task, ctx))
+    watch = _Watch(receive, task, ctx, waiting)
+    handle = task.get_loop().call_soon(watch.start)
     try:
         return await work
     except asyncio.CancelledError:
@@ -359,9 +377,40 @@ async def until_disconnect(
         task.uncancel()
         return None
     finally:
-        watcher.cancel()
+        handle.cancel()
+        watcher = watch.watcher
+        if watcher is not None:
+            watcher.cancel()
         if cleanup is not None:
             await cleanup()
+
+
+class _Watch:
+    """The deferred start of :func:`until_disconnect`'s watcher."""
+
+    __slots__ = ("ctx", "receive", "task", "waiting", "watcher")
+
+    def __init__(
+        self,
+        receive: Receive,
+        task: asyncio.Task[Any],
+        ctx: RequestContext,
+        waiting: Callable[[], object] | None,
+    ) -> None:
+        self.receive = receive
+        self.task = task
+        self.ctx = ctx
+        self.waiting = waiting
+        self.watcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.task.done():
+            return
+        self.watcher = self.task.get_loop().create_task(
+            _watch_disconnect(self.receive, self.task, self.ctx)
+        )
+        if self.waiting is not None:
+            self.waiting()
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ctx: RequestContext) -> None:

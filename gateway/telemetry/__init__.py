@@ -17,7 +17,7 @@ from gateway.telemetry.loop_lag import LoopLag
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.server_timing import edge_intervals, server_timing
 from gateway.telemetry.spans import EdgeHop
-from gateway.telemetry.tracing import Tracing
+from gateway.telemetry.tracing import DROPPED, KEPT, Tracing
 from gateway.types import RawHeaders
 
 #: something told about every finished request (metrics, the live view, ...)
@@ -80,12 +80,15 @@ class Telemetry:
         return headers
 
     def finish(self, ctx: RequestContext) -> None:
-        trace = ctx.trace
-        if self._traced and trace is not None and trace.sampled and self.loop_lag is not None:
+        # one decision as the request ends (ratio, parent, keep rules): spans, the access log's
+        # sampling, exemplars and the live view all follow it (docs/spec.md §7)
+        kept = self.tracing.keep(ctx) if self._traced else DROPPED
+        if kept and self.loop_lag is not None:
             ctx.timeline.loop_lag = self.loop_lag.worst_since(ctx.timeline.received)  # for spans
         edges = edge_intervals(ctx)
-        self.tracing.finish(ctx, edges)
-        self.access_log.record(ctx)
+        if kept:
+            self.tracing.finish(ctx, edges)
+        self.access_log.record(ctx, kept == KEPT)
         for sink in self._sinks:
             sink(ctx, edges)
 

@@ -2,7 +2,9 @@
 format of every other line the process writes (``[logging] format``, docs/spec.md §4).
 
 Sampled as ``[logging]`` says: ``all``; ``sampled`` = every non-2xx, every request slower than
-``slow_ms``, and ``sample_ratio`` of the rest; ``off``. Nothing is formatted for a request that
+``slow_ms``, every request a tracing ``keep`` rule kept, and ``sample_ratio`` of the rest (drawn
+on the trace id like the tracer's ratio, so the lines and the traces kept are the same requests,
+docs/spec.md §7); ``off``. Nothing is formatted for a request that
 is sampled out. Never a key, a prompt or a completion: only what is listed in :func:`line`.
 
 With ``format = "json"`` (the default) every line is one JSON object — warnings, the server's
@@ -100,6 +102,9 @@ class AccessLog:
         self.mode = cfg.access_log
         self.slow_s = cfg.slow_ms / 1000
         self.ratio = cfg.sample_ratio
+        #: the ratio as a bound on a trace id's low 64 bits, as the tracer's TraceIdRatioBased
+        #: draws: a traced request is logged at the same draw (docs/spec.md §7, §11)
+        self._bound = round(cfg.sample_ratio * (1 << 64))
         self.logger = logging.getLogger(ACCESS_LOGGER)
         #: the stdout handler this process's first AccessLog attached (None: somebody else's)
         self._own: logging.StreamHandler[Any] | None = _OWN.get(ACCESS_LOGGER)
@@ -127,19 +132,23 @@ class AccessLog:
             return None
         return own
 
-    def wants(self, ctx: RequestContext) -> bool:
+    def wants(self, ctx: RequestContext, kept: bool = False) -> bool:
+        """``kept``: a tracing ``keep`` rule kept the request's trace, so its line is kept too.
+        The ratio's draw is made on the trace id when there is one (the tracer's draw): at
+        ratios no larger than the tracer's, every line so drawn has its trace."""
         if self.mode == "all":
             return True
         if self.mode == "off":
             return False
-        return (
-            not 200 <= ctx.answer.status < 300
-            or ctx.request_time() >= self.slow_s
-            or random.random() < self.ratio
-        )
+        if kept or not 200 <= ctx.answer.status < 300 or ctx.request_time() >= self.slow_s:
+            return True
+        trace = ctx.trace
+        if trace is not None:
+            return (trace.trace_id & _LOW_64) < self._bound
+        return random.random() < self.ratio
 
-    def record(self, ctx: RequestContext) -> None:
-        if self.wants(ctx):
+    def record(self, ctx: RequestContext, kept: bool = False) -> None:
+        if self.wants(ctx, kept):
             text = orjson.dumps(line(ctx)).decode()
             own = self._direct()
             if own is None:
@@ -152,6 +161,7 @@ class AccessLog:
                 own.handleError(logging.makeLogRecord({"msg": text, "name": ACCESS_LOGGER}))
 
 
+_LOW_64 = (1 << 64) - 1
 #: logger name -> the handler an AccessLog attached to it (there is one such logger per process)
 _OWN: dict[str, logging.StreamHandler[Any]] = {}
 

@@ -9,7 +9,10 @@ spans agree exactly with ``Server-Timing`` and the access log. Only the ids are 
 the trace id (continued from an incoming ``traceparent`` when trusted), the root span id (for
 ``traceresponse``) and one span id per attempt (injected upstream as its ``traceparent``).
 
-Sampling is ``ParentBased(TraceIdRatioBased(sample_ratio))``, computed with the SDK's own bound.
+Sampling is ``ParentBased(TraceIdRatioBased(sample_ratio))``, computed with the SDK's own bound,
+and then, as the request ends, ``[tracing] keep`` rules (an error, a cut, a slow request) export a
+request that decision left out (:meth:`Tracing.keep`). A request neither decision keeps has no span
+built for it at all.
 The span tree itself is written by :mod:`gateway.telemetry.spans`.
 """
 
@@ -26,7 +29,9 @@ from typing import Any
 
 from gateway import __version__
 from gateway.config import TracingConfig
+from gateway.config.observability import keep_rule
 from gateway.context import Attempt, RequestContext, TraceContext
+from gateway.errors import UpstreamStreamError
 from gateway.telemetry import otlp
 from gateway.telemetry.content import ContentPolicy
 from gateway.telemetry.export import (
@@ -35,9 +40,11 @@ from gateway.telemetry.export import (
     make_exporter,
     make_metrics_exporter,
 )
+from gateway.telemetry.export.process import ProcessExport
 from gateway.telemetry.genai_metrics import GenAIMetrics
 from gateway.telemetry.spans import EdgeHop, build_framed
 from gateway.telemetry.spans.conventions import SpanStyle
+from gateway.telemetry.spans.record import record, record_spans
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACE_ID_LIMIT = (1 << 64) - 1
@@ -59,6 +66,8 @@ def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
     return tid, pid, bool(int(flags, 16) & 1)
 
 
+#: :meth:`Tracing.keep`'s answers: not traced, sampled up front, kept by a ``keep`` rule
+DROPPED, SAMPLED, KEPT = 0, 1, 2
 _getrandbits = random.getrandbits
 #: W3C Trace Context §3.3: list members of printable ASCII, at most 512 characters in all
 _TRACESTATE = re.compile(r"[\x20-\x2b\x2d-\x7e]+(,[\x20-\x2b\x2d-\x7e]*)*")
@@ -138,6 +147,33 @@ def resource_attributes(cfg: TracingConfig) -> dict[str, otlp.AttrValue]:
     return attrs
 
 
+class KeepRules:
+    """``[tracing] keep``: which finished requests are traced whatever the sampler said."""
+
+    __slots__ = ("any", "client_error", "cut", "error", "slow_s")
+
+    def __init__(self, rules: tuple[str, ...]) -> None:
+        parsed = [keep_rule(r) for r in rules]  # checked at config load
+        kinds = {kind for kind, _ in parsed}
+        self.error = "error" in kinds
+        self.client_error = "client_error" in kinds
+        self.cut = "cut" in kinds
+        slow = [s for kind, s in parsed if kind == "slow"]
+        self.slow_s = min(slow) if slow else None
+        self.any = bool(parsed)
+
+    def matches(self, ctx: RequestContext) -> bool:
+        answer = ctx.answer
+        status = answer.status
+        if self.cut and (status == 499 or isinstance(answer.error, UpstreamStreamError)):
+            return True
+        if self.error and status >= 500:
+            return True
+        if self.client_error and 400 <= status < 499 and not answer.expected:
+            return True
+        return self.slow_s is not None and ctx.request_time() >= self.slow_s
+
+
 class Tracing:
     """Per-app tracing state: sampler bound, encoder, export queue. No per-request state."""
 
@@ -167,13 +203,21 @@ class Tracing:
         self.style = SpanStyle(self.content, cfg.conventions == "openinference")
         self._bound = TraceIdRatioBased.get_bound_for_rate(cfg.sample_ratio)
         self._trust = cfg.trust_incoming
-        self.queue: SpanQueue | None = None
+        self._keep = KeepRules(cfg.keep)
+        #: requests exported by a keep rule that the ratio or the parent left out
+        self.kept = 0
+        self.queue: SpanQueue | ProcessExport | None = None
         #: the GenAI client metrics over OTLP (``metrics = true``, docs/spec.md §7)
         self.genai_metrics: GenAIMetrics | None = None
         if not self.enabled:
             return
         resource = resource_attributes(cfg)
         encoder = otlp.RequestEncoder(resource, SCOPE_NAME, __version__)
+        if cfg.export_in == "process" and exporter is None:
+            make_exporter(cfg, environ).shutdown()  # its config errors are startup errors here
+            self.queue = ProcessExport(cfg, resource)
+            self._metrics(cfg, resource, environ)
+            return
         if exporter is None:
             exporter = make_exporter(cfg, environ)  # ExportConfigError: a startup error
         self.queue = SpanQueue(
@@ -183,6 +227,11 @@ class Tracing:
             max_batch=cfg.max_export_batch_size,
             schedule_delay_s=cfg.schedule_delay_ms / 1000,
         )
+        self._metrics(cfg, resource, environ)
+
+    def _metrics(
+        self, cfg: TracingConfig, resource: dict[str, otlp.AttrValue], environ: Mapping[str, str]
+    ) -> None:
         if cfg.metrics and cfg.exporter == "otlp":
             metrics_exporter = make_metrics_exporter(cfg, environ)
             self.genai_metrics = GenAIMetrics(metrics_exporter, resource, cfg.metrics_interval_s)
@@ -298,10 +347,41 @@ class Tracing:
             return None
         return (b"traceresponse", trace.traceparent(trace.root_span_id).encode())
 
-    def finish(self, ctx: RequestContext, edge_hops: list[EdgeHop]) -> None:
+    def keep(self, ctx: RequestContext) -> int:
+        """The decision as the request ends (docs/spec.md §7): sampled up front, or kept by a
+        ``keep`` rule now that the outcome is known. A request a rule keeps is marked sampled,
+        so the access log, exemplars and the live view follow the same decision: DROPPED,
+        SAMPLED (by the ratio or the parent) or KEPT (by a rule)."""
         trace = ctx.trace
-        if trace is None or not trace.sampled or self.queue is None:
+        if trace is None or not self.enabled:
+            return DROPPED
+        if trace.sampled:
+            return SAMPLED
+        if self._keep.any and self._keep.matches(ctx):
+            trace.sampled = True
+            self.kept += 1
+            return KEPT
+        return DROPPED
+
+    def finish(self, ctx: RequestContext, edge_hops: list[EdgeHop]) -> None:
+        """Build and queue the spans of a request :meth:`keep` kept (nothing otherwise)."""
+        trace = ctx.trace
+        queue = self.queue
+        if trace is None or not trace.sampled or queue is None:
             return
+        if isinstance(queue, ProcessExport):  # the common request: only recorded here
+            rec = record(
+                ctx,
+                trace,
+                edge_hops,
+                self.edge_hop_count,
+                self.cache_backend,
+                self.auth_mode,
+                self.style,
+            )
+            if rec is not None:
+                queue.put_record(rec, record_spans(rec))
+                return
         block, count = build_framed(
             ctx,
             trace,
@@ -311,7 +391,7 @@ class Tracing:
             self.auth_mode,
             self.style,
         )
-        self.queue.put_framed(block, count)
+        queue.put_framed(block, count)
 
     def state(self) -> dict[str, Any]:
         if self.queue is None:
@@ -324,6 +404,16 @@ class Tracing:
             "exported": q.exported,
             "failed": q.failed,
             "dropped": q.dropped,
+            "kept": self.kept,
+            **(
+                {
+                    "export_in": "process",
+                    "exporter_pid": q.process.pid if q.process is not None else None,
+                    "restarts": q.restarts,
+                }
+                if isinstance(q, ProcessExport)
+                else {}
+            ),
         }
 
     def shutdown(self) -> None:

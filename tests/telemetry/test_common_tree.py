@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import marshal
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +21,7 @@ from gateway.context import RequestContext
 from gateway.telemetry import otlp
 from gateway.telemetry.metrics import recorder as metrics_module
 from gateway.telemetry.spans import builders, framed, tree
+from gateway.telemetry.spans import record as span_record
 from gateway.telemetry.tracing import Tracing
 
 BASE = """
@@ -299,3 +301,34 @@ def test_server_timing_formats_are_the_general_ones(name, monkeypatch):
         assert st.server_timing(ctx, []) == st._general(ctx, [], now)
     if "memory-cache" in name:
         assert any(ctx.cache.result == "hit" and not ctx.attempts for ctx in seen)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_record_builds_the_framed_trees_bytes(name, monkeypatch):
+    """export_in = "process": the common request's record, marshalled to the exporter process
+    and built there, is byte for byte the tree the serving process would have built."""
+    finished: list[tuple[Tracing, RequestContext, list[Any]]] = []
+    finish = Tracing.finish
+
+    def capture(self: Tracing, ctx: RequestContext, edge_hops: list[Any]) -> None:
+        finished.append((self, ctx, edge_hops))
+        finish(self, ctx, edge_hops)
+
+    monkeypatch.setattr(Tracing, "finish", capture)
+    asyncio.run(_drive(CONFIGS[name], BODIES))
+    recorded = 0
+    for tracing, ctx, edge_hops in finished:
+        trace = ctx.trace
+        assert trace is not None
+        args = (ctx, trace, edge_hops, tracing.edge_hop_count, tracing.cache_backend)
+        rec = span_record.record(*args, tracing.auth_mode, tracing.style)
+        random.seed(7)
+        written = framed.build_framed(*args, tracing.auth_mode, tracing.style)
+        if rec is None:
+            continue
+        recorded += 1
+        random.seed(7)
+        built = span_record.build_record(marshal.loads(marshal.dumps(rec)))
+        assert built == written
+        assert span_record.record_spans(rec) == written[1]
+    assert recorded > len(finished) - 3  # the common requests: all but the odd ones

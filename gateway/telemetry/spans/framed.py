@@ -73,15 +73,24 @@ def build_framed(
     one pass from memoised parts, each span framed as it is written; any other goes through
     :func:`build_spans`, and so does every request when ``style`` asks for OpenInference's
     names or captured content (``answer.captured`` is set then)."""
-    t = ctx.timeline
-    attempts = ctx.attempts
+    if not is_common(ctx, trace, edge_hops, style):
+        spans = build_spans(ctx, trace, edge_hops, hop_base, cache_backend, auth_mode, style)
+        return otlp.frame_spans(spans), len(spans)
+    return common_tree(ctx, trace, hop_base, cache_backend, auth_mode)
+
+
+def is_common(
+    ctx: RequestContext, trace: TraceContext, edge_hops: list[EdgeHop], style: SpanStyle
+) -> bool:
+    """Whether the request's tree is the common one :func:`common_tree` writes."""
     call = ctx.call
     answer = ctx.answer
-    if (
+    attempts = ctx.attempts
+    return not (
         edge_hops
         or call is None
         or len(attempts) != (0 if ctx.cache.result == "hit" else 1)
-        or t.auth_done is None
+        or ctx.timeline.auth_done is None
         or trace.parent_span_id
         or trace.trace_state
         or answer.status >= 500
@@ -91,9 +100,14 @@ def build_framed(
         or ctx.mcp is not None
         or call.policies
         or _rare(ctx, attempts[0] if attempts else None)
-    ):
-        spans = build_spans(ctx, trace, edge_hops, hop_base, cache_backend, auth_mode, style)
-        return otlp.frame_spans(spans), len(spans)
+    )
+
+
+def common_tree(
+    ctx: RequestContext, trace: TraceContext, hop_base: int, cache_backend: str, auth_mode: str
+) -> tuple[bytes, int]:
+    """The common request's spans (:func:`is_common`), framed, and their count."""
+    attempts = ctx.attempts
     tree = _Tree(ctx, trace)
     out = [_lead(tree, hop_base, auth_mode)]
     count = _cache_spans(tree, cache_backend, out)
