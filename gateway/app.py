@@ -44,6 +44,7 @@ class Gateway:
         self.config = config
         #: the runtime snapshots: built by the lifespan's startup, swapped by a reload
         self.snapshots = Snapshots(self._serve)
+        self.admin_listener = self.snapshots.listener  # [admin] listen's ASGI app (spec §28)
         #: WebSocket handshakes: /v1/realtime sessions (docs/spec.md §19), others refused
         self._realtime = RealtimeEndpoint(config.realtime)
         self._endpoints: dict[str, Endpoint] = {
@@ -130,8 +131,7 @@ class Gateway:
 
     @property
     def runtime(self) -> Runtime | None:  # the snapshot serving now
-        gen = self.snapshots.current
-        return gen.runtime if gen is not None else None
+        return gen.runtime if (gen := self.snapshots.current) is not None else None
 
     @property
     def tracing(self) -> Tracing | None:

@@ -28,7 +28,7 @@ from gateway.admin.api import admin_endpoints
 from gateway.config import Config, ConfigError, load_config
 from gateway.runtime import Endpoint, Runtime, build_runtime
 from gateway.target import canonical_scope
-from gateway.types import Scope
+from gateway.types import Receive, Scope, Send
 
 log = logging.getLogger("gateway")
 
@@ -42,11 +42,18 @@ _NOT_SETTINGS = ("source", "explicit")
 class Generation:
     """One snapshot as the app serves it: the runtime, its dispatch table, its requests."""
 
-    __slots__ = ("active", "retired", "runtime", "table")
+    __slots__ = ("active", "listener", "retired", "runtime", "table")
 
-    def __init__(self, runtime: Runtime, table: dict[str, Endpoint]) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        table: dict[str, Endpoint],
+        listener: dict[str, Endpoint] | None = None,
+    ) -> None:
         self.runtime = runtime
         self.table = table
+        #: the dispatch table of the admin API's own listener (``[admin] listen``, §28)
+        self.listener = listener or {}
         #: requests (and WebSocket sessions) running on it
         self.active = 0
         #: a newer generation serves: close this one once idle
@@ -63,11 +70,40 @@ class Generation:
             endpoint = stateful.stateful if stateful.parse(path) else endpoint  # spec §24
             if path.startswith(A2A):  # A2A's HTTP+JSON binding, with [[agents]] (§30)
                 endpoint = self.table.get(A2A, endpoint)
-            elif path.startswith(ADMIN):  # the admin API (§28)
+            elif path.startswith(ADMIN):  # the admin API (§28), unless it has its own listener
                 endpoint = self.table.get(ADMIN, endpoint)
             if not canonical_scope(scope):  # a scope made by another server: not forwarded
                 endpoint = endpoints.bad_path("the path is not in its canonical form")
         return endpoint
+
+    def listener_endpoint(self, scope: Scope) -> Endpoint:
+        """The endpoint of a request on the admin API's own listener: the admin API,
+        ``/healthz`` and ``/readyz``; any other path is a 404 (docs/spec.md §28)."""
+        path: str = scope["path"]
+        endpoint = self.listener.get(path)
+        if endpoint is None:
+            table = self.listener if path.startswith(ADMIN) else {}
+            endpoint = table.get(ADMIN, endpoints.not_found)
+            if not canonical_scope(scope):
+                endpoint = endpoints.bad_path("the path is not in its canonical form")
+        return endpoint
+
+
+def tables(
+    made: dict[str, Endpoint], config: Config
+) -> tuple[dict[str, Endpoint], dict[str, Endpoint] | None]:
+    """A config's dispatch tables: the gateway's port's (``made`` and the admin API's
+    endpoints), and that of the admin API's own listener with ``[admin] listen`` — which takes
+    the admin API off the gateway's port (fail closed: a 404 there). ``/_gateway/api/me`` is a
+    key holder's and stays on the gateway's port."""
+    table = made | admin_endpoints(config)
+    if config.admin.listen is None:
+        return table, None
+    listener: dict[str, Endpoint] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
+    api = table.pop(ADMIN, None)
+    if api is not None:
+        listener[ADMIN] = api
+    return table, listener
 
 
 def _changed(section: str, old: Any, new: Any, skip: tuple[str, ...] = ()) -> list[str]:
@@ -120,13 +156,30 @@ class Snapshots:
         self._closing: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
-    def _table(self, config: Config) -> dict[str, Endpoint]:
-        return self._made(config) | admin_endpoints(config)
+    def _generation(self, runtime: Runtime) -> Generation:
+        return Generation(runtime, *tables(self._made(runtime.config), runtime.config))
 
     async def start(self, config: Config) -> Generation:
-        gen = self.current = Generation(build_runtime(config), self._table(config))
+        gen = self.current = self._generation(build_runtime(config))
         await gen.runtime.start()
         return gen
+
+    async def listener(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app of the admin API's own listener (``[admin] listen``, docs/spec.md §28):
+        the app's dispatch, on :meth:`Generation.listener_endpoint`. A WebSocket handshake is
+        refused (never accepted); the server runs the lifespan on the app, not here."""
+        if scope["type"] != "http":
+            return
+        gen = self.current
+        if gen is None:  # not started (or stopping): only health answers
+            return await endpoints.starting(scope, send)
+        gen.active += 1
+        try:
+            await gen.listener_endpoint(scope)(gen.runtime, scope, receive, send)
+        finally:
+            gen.active -= 1
+            if gen.retired and not gen.active:
+                self.idle(gen)
 
     async def reload(self, config: Config | None = None) -> Config | None:
         """Read the config file again (or take ``config``) and serve it: the config now
@@ -157,7 +210,7 @@ class Snapshots:
 
     def _swap(self, cur: Generation, runtime: Runtime, kept: list[str]) -> Config:
         merged, source = runtime.config, runtime.config.source
-        gen = self.current = Generation(runtime, self._table(merged))
+        gen = self.current = self._generation(runtime)
         runtime.begin()
         self._retire(cur)
         _count(runtime, "ok")
@@ -230,4 +283,4 @@ def _count(rt: Runtime, result: str) -> None:
         metrics.reloads.inc((result,))
 
 
-__all__ = ["AUTH_RELOADED", "RELOADED", "Generation", "Snapshots", "merge"]
+__all__ = ["AUTH_RELOADED", "RELOADED", "Generation", "Snapshots", "merge", "tables"]

@@ -145,6 +145,10 @@ VARIANTS: dict[str, tuple[str, str]] = {
         "auth-keys with the key store on ([admin]); the key is the config's",
         NO_CACHE + NO_TRACING + AUTH + ADMIN.format("{store}"),
     ),
+    "auth-key-store-listen": (
+        "auth-key-store with [admin] listen: the admin API off the port the requests come on",
+        NO_CACHE + NO_TRACING + AUTH + ADMIN.format("{store}") + 'listen = "127.0.0.1:9"\n',
+    ),
     "auth-stored-key": (
         "auth.mode = keys, the key made in the key store (found in its in-memory index)",
         NO_CACHE + NO_TRACING + '[auth]\nmode = "keys"\n' + ADMIN.format("{store}"),

@@ -33,7 +33,9 @@ def validate(cfg: Config, errors: list[str]) -> None:
     if not 0.0 <= cfg.logging.sample_ratio <= 1.0:
         err("logging.sample_ratio", f"must be within 0..1, got {cfg.logging.sample_ratio}")
     _check_auth(cfg.auth, err, admin=cfg.admin.enabled(False))
-    check_admin(cfg.admin, err)
+    admin_jwt = any(j.admin_groups for j in cfg.auth.jwt)
+    on = cfg.auth.mode == "keys" and cfg.admin.enabled(admin_jwt)
+    check_admin(cfg.admin, err, port=cfg.server.port, on=on)
     if cfg.admin.store == "redis" and cfg.auth.redis_url is None and cfg.cache.backend != "redis":
         err("admin.store", "'redis' needs a shared Redis: auth.redis_url or a Redis [cache]")
     _check_ui(cfg.ui, err)

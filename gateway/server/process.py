@@ -31,6 +31,10 @@ What the gateway needs in front of the internet (docs/spec.md §4 ``[server]``, 
   closed at once, while the connections already open keep being served.
 - the socket is bound first and listens only once the app is up: until then a connection is
   refused, not queued behind a startup that may fail (which exits :data:`STARTUP_FAILURE`).
+- ``[admin] listen`` (docs/spec.md §28): a second socket, bound with the first (before
+  "serving on"; one that cannot be bound exits :data:`STARTUP_FAILURE` too), served by the
+  same :class:`Server` with its own state and app (:func:`admin_listeners`), listening,
+  closed and drained with the first.
 - SIGTERM is a graceful drain, not an error: stop accepting, let in-flight requests and
   streams finish within ``shutdown_grace_s`` (then cancel what is left), run the lifespan
   shutdown (pools closed, spans flushed), exit 0 — a Kubernetes rollout logs a pod stop as a
@@ -53,18 +57,27 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from gateway.config import Config, is_loopback
 from gateway.server.connections import protocol_factory
-from gateway.server.state import ServerState, date_line, origin_policy, server_state
+from gateway.server.state import (
+    ServerState,
+    date_line,
+    listener_state,
+    origin_policy,
+    server_state,
+)
 from gateway.server.supervisor import STARTUP_FAILURE, Supervisor
 from gateway.server.tls import ServerTls, TlsError
 from gateway.types import ASGIApp
 
 #: the listen backlog (the kernel caps it at net.core.somaxconn)
 BACKLOG = 4096
+
+#: a bound socket and the state its connections share
+Listener = tuple[ServerState, socket.socket]
 
 #: the gateway's own lines (``serving on``, a port in use, the startup warnings, the lifespan
 #: and the drain), written in ``[logging] format`` to stderr (:func:`serve` applies the config)
@@ -137,7 +150,9 @@ class Server:
     """One process's server on a bound socket (see the module). :meth:`run` blocks until
     :meth:`stop`, SIGTERM or SIGINT (signals only in the main thread: a server in another
     thread, as tests run it, is stopped by :meth:`stop`) or, with ``parent_fd``, the end of
-    the supervisor that started this worker (its pipe closes)."""
+    the supervisor that started this worker (its pipe closes). ``listeners`` are more bound
+    sockets, each served with its own state (:func:`admin_listeners`): they listen, stop
+    accepting and drain with the main one."""
 
     def __init__(
         self,
@@ -146,9 +161,11 @@ class Server:
         grace_s: float,
         *,
         parent_fd: int | None = None,
+        listeners: Sequence[Listener] = (),
     ) -> None:
         self.state = state
         self.sock = sock
+        self.listeners: tuple[Listener, ...] = ((state, sock), *listeners)
         self.grace_s = grace_s
         self.parent_fd = parent_fd
         #: the app is up and the socket listening
@@ -209,21 +226,12 @@ class Server:
         log.info(f"gateway: application startup complete (process {os.getpid()})")
         release_sighup()  # a reload asked while it started runs now, on what it started with
         if not self._stop.is_set():  # not stopped while it started: listen
-            tls = state.tls
-            server = await loop.create_server(
-                protocol_factory(state, loop),
-                sock=self.sock,
-                backlog=BACKLOG,
-                ssl=tls.context if tls is not None else None,
-                # a handshake is part of the head the client owes; a client that never answers
-                # the TLS close is cut as a lingering close is (docs/spec.md §27)
-                ssl_handshake_timeout=state.limits.header_timeout_s if tls is not None else None,
-                ssl_shutdown_timeout=state.limits.linger_s if tls is not None else None,
-            )
+            servers = [await _listen(loop, *listener) for listener in self.listeners]
             self._tick()
             self.started = True
             await self._stop.wait()
-            server.close()  # stop accepting: the port refuses once no process listens on it
+            for server in servers:  # stop accepting: a port refuses once no process listens
+                server.close()
             await self._drain(loop)
         if not self._forced:
             await lifespan.shutdown()
@@ -254,7 +262,9 @@ class Server:
         """The ``date`` line, set again at each second's turn (one timer per process)."""
         assert self._loop is not None
         now = time.time()
-        self.state.date = date_line(now)
+        date = date_line(now)
+        for state, _ in self.listeners:
+            state.date = date
         self._clock = self._loop.call_later(1.0 - now % 1.0, self._tick)
 
     def _handle_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
@@ -297,6 +307,33 @@ class Server:
         assert self._loop is not None and self._stop is not None and self.parent_fd is not None
         self._loop.remove_reader(self.parent_fd)
         self._stop.set()
+
+
+async def _listen(
+    loop: asyncio.AbstractEventLoop, state: ServerState, sock: socket.socket
+) -> asyncio.Server:
+    """Listen on a bound socket, each connection served by the protocol ``state`` picks."""
+    tls = state.tls
+    return await loop.create_server(
+        protocol_factory(state, loop),
+        sock=sock,
+        backlog=BACKLOG,
+        ssl=tls.context if tls is not None else None,
+        # a handshake is part of the head the client owes; a client that never answers the TLS
+        # close is cut as a lingering close is (docs/spec.md §27)
+        ssl_handshake_timeout=state.limits.header_timeout_s if tls is not None else None,
+        ssl_shutdown_timeout=state.limits.linger_s if tls is not None else None,
+    )
+
+
+def admin_listeners(state: ServerState, app: Any, sock: socket.socket | None) -> list[Listener]:
+    """The admin API's own listener (``[admin] listen``, docs/spec.md §28) on its bound
+    socket, served by the app's :attr:`~gateway.app.Gateway.admin_listener` (the admin API,
+    ``/healthz``, ``/readyz``); none without a socket. Which listener a request came on is
+    which app the server hands it to: nothing is looked at per request."""
+    if sock is None:
+        return []
+    return [(listener_state(state, app.admin_listener), sock)]
 
 
 def on_reload(state: ServerState, app: Any) -> None:
@@ -442,41 +479,42 @@ def release_sighup() -> None:
 def serve(config: Config) -> int:
     """Run the gateway until SIGTERM (drained: 0) or SIGINT; workers > 1 under the supervisor.
 
-    It says "serving on …" only once the socket is bound; an address that cannot be bound (in
-    use, not this machine's, a privileged port) is one line naming it and exit status
-    :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
+    It says "serving on …" only once the socket (and ``[admin] listen``'s) is bound; an address
+    that cannot be bound (in use, not this machine's, a privileged port) is one line naming it
+    and exit status :data:`STARTUP_FAILURE` (docs/spec.md §3)."""
     server = config.server
     hold_sighup()  # until the server's handler: never a stop, never lost
     configure_logging(config)
     warning = exposure_warning(config)
     if warning is not None:
         log.warning(warning)
-    address = _address(server.host, server.port)
     if server.tls is not None:  # each worker reads the files again: they are checked here once
         try:
             ServerTls(server.tls, ())
         except TlsError as exc:
             log.error(f"gateway: cannot serve TLS: {exc}")
             return STARTUP_FAILURE
-    try:
-        sock = bind(server.host, server.port)
-    except OSError as exc:
-        reason = (exc.strerror or str(exc)).lower()
-        log.error(f"gateway: cannot listen on {address}: {reason}")
+    bound = _bind_listeners(config)
+    if bound is None:
         return STARTUP_FAILURE
+    sock, admin_sock = bound
+    address = _address(server.host, server.port)
     remove_pid_file = write_pid_file(server.pid_file)
-    with sock:
+    with sock, admin_sock if admin_sock is not None else contextlib.nullcontext():
         log.info(f"gateway: serving on {serving_line(config, address)} (config: {config.source})")
         log.info(live_view_line(config, address))
+        if admin_sock is not None:
+            log.info(admin_line(config))
         try:
             if server.workers > 1:
-                return Supervisor(sock, server.workers).run()
+                return Supervisor(sock, server.workers, admin_sock=admin_sock).run()
             from gateway.app import Gateway
 
             app = Gateway(config)
             state = server_state(config, app, freeze_gc=True)
             on_reload(state, app)
-            runner = Server(state, sock, server.shutdown_grace_s)
+            listeners = admin_listeners(state, app, admin_sock)
+            runner = Server(state, sock, server.shutdown_grace_s, listeners=listeners)
             status = runner.run()
         finally:
             remove_pid_file()
@@ -485,11 +523,49 @@ def serve(config: Config) -> int:
     return status
 
 
+def _bind_listeners(config: Config) -> tuple[socket.socket, socket.socket | None] | None:
+    """The gateway's socket and, with ``[admin] listen``, the admin API's (docs/spec.md §28);
+    None when one cannot be bound (one error line names it; nothing stays bound)."""
+    server = config.server
+    sock = _bind_or_say(server.host, server.port, "")
+    admin = config.admin.address()
+    if sock is None or admin is None:
+        return None if sock is None else (sock, None)
+    admin_sock = _bind_or_say(*admin, " ([admin] listen)")
+    if admin_sock is None:
+        sock.close()
+        return None
+    return sock, admin_sock
+
+
+def _bind_or_say(host: str, port: int, what: str) -> socket.socket | None:
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        log.error(f"gateway: cannot listen on {_address(host, port)}{what}: {reason}")
+        return None
+
+
+def admin_line(config: Config) -> str:
+    """Where the admin API's own listener serves it (``[admin] listen``, docs/spec.md §28)."""
+    address = config.admin.address()
+    assert address is not None
+    scheme = "https" if config.server.tls is not None else "http"
+    return (
+        f"gateway: admin API on {scheme}://{_address(*address)}/admin/v1/ ([admin] listen; "
+        "not served on the gateway's port)"
+    )
+
+
 __all__ = [
     "BACKLOG",
     "STARTUP_FAILURE",
     "Lifespan",
+    "Listener",
     "Server",
+    "admin_line",
+    "admin_listeners",
     "bind",
     "configure_logging",
     "end_by_sigint",

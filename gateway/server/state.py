@@ -130,6 +130,28 @@ def server_state(config: Config, app: ASGIApp, *, freeze_gc: bool = False) -> Se
     )
 
 
+def listener_state(state: ServerState, app: ASGIApp) -> ServerState:
+    """The state of a second listening socket of the process (``[admin] listen``, docs/spec.md
+    §28), served by its own ``app``. The rest is ``state``'s: the client guards, TLS and HTTP/2,
+    the lifespan state, and the very sets of open connections and request tasks — so the drain
+    waits for both listeners' and ``max_client_connections`` counts them together. No WebSocket
+    upgrade there (one is answered as plain HTTP); SIGHUP's hooks stay on ``state``."""
+    other = ServerState(
+        app,
+        lifespan_state=state.lifespan_state,
+        limits=state.limits,
+        keep_alive_s=state.keep_alive_s,
+        freeze_gc=state.freeze_gc,
+        origins=state.origins,
+        tls=state.tls,
+        http2=state.http2,
+        h2c=state.h2c,
+    )
+    other.connections = state.connections
+    other.tasks = state.tasks
+    return other
+
+
 def client_limits(config: Config) -> ClientLimits:
     """The ``[server]`` guards of ``config``."""
     s = config.server
@@ -169,6 +191,7 @@ __all__ = [
     "client_limits",
     "date_line",
     "freeze_startup_objects",
+    "listener_state",
     "origin_policy",
     "server_state",
 ]

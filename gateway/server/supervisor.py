@@ -2,9 +2,10 @@
 
 It binds the socket once (:func:`gateway.server.process.serve` did) and starts the worker
 processes (``python -m gateway.server.worker``), each inheriting the bound socket
-(``pass_fds``) and the environment ``gateway serve`` set (the config path and the CLI
-overrides, the live view's secret, the metrics directory made here), and each running a
-:class:`gateway.server.process.Server` on the socket: the kernel hands each new connection to
+(``pass_fds``; with ``[admin] listen``, the admin API's socket too: ``--admin-fd``) and the
+environment ``gateway serve`` set (the config path and the CLI overrides, the live view's
+secret, the metrics directory made here), and each running a
+:class:`gateway.server.process.Server` on the sockets: the kernel hands each new connection to
 one of the workers accepting on it.
 
 - SIGTERM or SIGINT: the parent closes its own copy of the socket at once, sends SIGTERM to
@@ -52,8 +53,12 @@ class Supervisor:
         sock: socket.socket,
         workers: int,
         command: list[str] | None = None,
+        *,
+        admin_sock: socket.socket | None = None,
     ) -> None:
         self.sock = sock
+        #: ``[admin] listen``'s bound socket, passed on as the main one is (``--admin-fd``)
+        self.admin_sock = admin_sock
         self.count = workers
         #: the worker's command line (tests start a stand-in); the fds are appended to it
         self.command = command or [sys.executable, "-m", "gateway.server.worker"]
@@ -88,9 +93,14 @@ class Supervisor:
     def _start(self) -> None:
         assert self._pipe is not None
         listen, parent = self.sock.fileno(), self._pipe[0]
+        args = ["--listen-fd", str(listen), "--parent-fd", str(parent)]
+        fds = [listen, parent]
+        if self.admin_sock is not None:
+            args += ["--admin-fd", str(self.admin_sock.fileno())]
+            fds.append(self.admin_sock.fileno())
         worker = subprocess.Popen(
-            [*self.command, "--listen-fd", str(listen), "--parent-fd", str(parent)],
-            pass_fds=(listen, parent),
+            [*self.command, *args],
+            pass_fds=fds,
             preexec_fn=_hold_sighup,  # the supervisor runs no thread: fork-safe here
         )
         self.workers.append(worker)
@@ -135,8 +145,10 @@ class Supervisor:
     def _stop(self, sig: int) -> None:
         first = not self.stopping
         self.stopping = True
-        if first:
-            self.sock.close()  # the port stops accepting as soon as the workers close theirs
+        if first:  # a port stops accepting as soon as the workers close theirs
+            self.sock.close()
+            if self.admin_sock is not None:
+                self.admin_sock.close()
         forward = signal.SIGTERM if first else sig
         for worker in list(self.workers):
             if worker.poll() is None:

@@ -73,9 +73,6 @@ class Http1ClientTransport:
         self._sweep: asyncio.TimerHandle | None = None
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
-        #: counts the loop's turns in which connections went idle (:meth:`release`)
-        self._epoch = 0
-        self._ticking = False
 
     @property
     def open_connections(self) -> int:
@@ -159,9 +156,9 @@ class Http1ClientTransport:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            # a connection the loop polled since it went idle had its FIN read by then (it is
-            # CLOSED, not reusable); only one released in this very epoch needs the syscall
-            if conn.reusable and (conn.released_in != self._epoch or not conn.peer_closed()):
+            # the upstream's FIN may have come after the loop's last poll, however long the
+            # connection was idle: asked of every connection before it is reused
+            if conn.reusable and not conn.peer_closed():
                 conn.state = _ACTIVE
                 return conn, None
             conn.close()
@@ -225,21 +222,10 @@ class Http1ClientTransport:
             return
         conn.state = _IDLE
         conn.idle_since = now = conn.loop.time()
-        conn.released_in = self._epoch
-        if not self._ticking:
-            # the epoch ends at the next turn of the loop, after the I/O poll in between: what
-            # the upstream sent before that poll (a FIN) has been read by then, with no syscall
-            # of ours. One callback per turn for all the connections released in it.
-            self._ticking = True
-            conn.loop.call_soon(self._tick)
         self._idle.append(conn)
         if self._sweep is None:
             self._sweep = conn.loop.call_at(now + self._idle_timeout, self._close_idle)
         self._wake_one()
-
-    def _tick(self) -> None:
-        self._ticking = False
-        self._epoch += 1
 
     def forget(self, conn: UpstreamConnection) -> None:
         """A connection entered CLOSED (once, in its ``_closed``): its place is free."""

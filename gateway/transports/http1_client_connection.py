@@ -150,8 +150,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.reading_paused = False
         #: loop time it went back to the pool (while IDLE)
         self.idle_since = 0.0
-        #: the pool's epoch when it went back (see :meth:`ConnectionPool.release`)
-        self.released_in = 0
         #: the read timeout of every wait for the upstream (a head, then each body read): one
         #: timer for the connection's life, set again only when it fires early
         self.reading = Deadline(loop, pool.read_timeout, self._read_timed_out)
@@ -330,8 +328,8 @@ class UpstreamConnection(asyncio.Protocol):
         that is never retried (docs/spec.md §13: a reset after the request was sent). An
         upstream that closes right after a complete answer without ``Connection: close`` makes
         that race (the fault soak showed ~1 % of its requests); urllib3 and httpcore make the
-        same check before reuse. One poll(2) with timeout 0 — asked only for a connection the
-        loop has not polled since it went idle (:meth:`ConnectionPool.release`)."""
+        same check before reuse. One poll(2) with timeout 0 before each reuse: a FIN that came
+        after the loop's last poll is seen only so, however long the connection was idle."""
         poller = self._poll
         return poller is not None and bool(poller.poll(0))
 

@@ -141,6 +141,8 @@ class H2Client:
         #: acknowledge DATA as it arrives (False: the client's windows shut once full)
         self.ack = ack
         self.answers: dict[int, Answer] = {}
+        #: what the client's h2 refused in the server's frames (it then ends the connection)
+        self.errors: list[Exception] = []
         self.goaway: h2.events.ConnectionTerminated | None = None
         self.closed = False
         #: what happened, in order: ("ended" | "reset", stream id), ("goaway", last stream id)
@@ -235,7 +237,8 @@ class H2Client:
     def _feed(self, data: bytes) -> None:
         try:
             events = self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError:
+        except h2.exceptions.ProtocolError as exc:  # kept: a test's failure message shows it
+            self.errors.append(exc)
             events = []
         for event in events:
             self._event(event)

@@ -214,7 +214,7 @@ def test_a_connection_never_idle_gets_its_goaway_at_twice_the_cap(gateway, upstr
             taken = [c.request("POST", "/v1/chat/completions", STREAM, JSON) for _ in range(4)]
             c.read_until_goaway()  # in, not read: the client opens a stream meanwhile
             late = c.request("GET", "/healthz")
-            assert c.answer(late).reset == ErrorCodes.REFUSED_STREAM
+            assert c.answer(late).reset == ErrorCodes.REFUSED_STREAM, (c.errors, c.goaway)
             assert c.goaway is not None and c.goaway.last_stream_id == taken[-1]
             held.release.set()
             for sid in taken:

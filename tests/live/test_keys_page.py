@@ -80,3 +80,21 @@ def test_the_keys_page_lists_creates_and_revokes(gateway, tmp_path):
         # the browser logs each refused sign-in's answers (401, 403); nothing else went wrong
         refused = [e for e in errors if "status of 401" in e or "status of 403" in e]
         assert refused and errors == refused
+
+
+def test_with_its_own_listener_the_page_says_where_the_admin_api_is(gateway, tmp_path):
+    """``[admin] listen``: the admin API is not on the view's port (a 404 there): the admin
+    key is refused with a message that says why, not a bare 404."""
+    toml = (
+        admin_toml("", f'data_dir = "{tmp_path}"\nlisten = "127.0.0.1:9"')
+        + "[ui]\nenabled = true\n"
+    )
+    gw = gateway(gateway_config(toml))  # in a thread: the admin socket is not bound here
+    with chromium() as (page, errors):
+        page.goto(f"{gw.url}/_gateway/keys")
+        page.fill("#signin-key", ADMIN_KEY)
+        page.click("#signin-form button")
+        page.wait_for_function("() => document.querySelector('#signin-message').textContent")
+        assert "[admin] listen" in page.text_content("#signin-message")
+        assert page.locator("#keys-view").is_hidden()
+        assert errors and all("status of 404" in e for e in errors)

@@ -6,6 +6,9 @@
 const $ = (id) => document.getElementById(id);
 let adminKey = null;
 let timer = null;
+// a 404 from /admin/v1/: the API has a listener of its own, off this port (docs/spec.md §28)
+const NOT_HERE = 'The admin API is not served on this port: [admin] listen gives it a listener ' +
+  'of its own. Manage keys there (gateway keys … --url http://HOST:PORT, or the API).';
 
 async function api(method, path, body) {
   const init = { method, cache: 'no-store', headers: { authorization: 'Bearer ' + adminKey } };
@@ -133,7 +136,7 @@ async function signIn(event) {
   try {
     await refresh();
   } catch (err) {
-    signOut(err.message);
+    signOut(err.status === 404 ? NOT_HERE : err.message);
     return;
   }
   $('signin').hidden = true;
