@@ -9,13 +9,14 @@ it read again), then writes an audit line. Keys and tenants of the config are li
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from gateway.admin import payloads as p
-from gateway.admin.access import AdminAccess
+from gateway.admin.access import AdminAccess, bearer_of
 from gateway.admin.openapi import OPENAPI
 from gateway.admin.views import (
     audit,
@@ -28,13 +29,16 @@ from gateway.admin.views import (
 )
 from gateway.config import Config
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.errors import ClientGone, GatewayError, MethodNotAllowed, NotFound
 from gateway.hops.edge import read_body
 from gateway.keys import Conflict, KeyService, StoreDown, new_secret, prefix_of, store_enabled
 from gateway.keys.records import Record, digest_of, new_id
 from gateway.runtime import Endpoint, Runtime
+from gateway.scope import InternalError
 from gateway.types import Receive, Scope, Send
 from gateway.writer import ResponseWriter
+
+log = logging.getLogger("gateway.admin")
 
 PREFIX: Final = "/admin/v1/"
 ME_PATH: Final = "/_gateway/api/me"
@@ -84,13 +88,25 @@ class AdminApi:
     async def serve(self, rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
         ctx, out = _writer(rt, scope, send)
         try:
+            await self._serve(rt, scope, receive, ctx, out)
+        except ClientGone:
+            ctx.disconnected = True
+        except Exception:  # a bug: a 500 in the OpenAI shape, never a bare traceback
+            log.exception("admin request %s failed", ctx.request_id)
+            if not out.started:
+                await out.error(InternalError("internal error in the gateway"))
+
+    async def _serve(
+        self, rt: Runtime, scope: Scope, receive: Receive, ctx: RequestContext, out: ResponseWriter
+    ) -> None:
+        try:
             parts = scope["path"][len(PREFIX) :].split("/")
             method = scope["method"]
             if parts == ["openapi.json"] and method == "GET":
                 await out.json(200, OPENAPI)
                 return
             call = AdminCall(rt, _service(rt), method, parts)
-            call.who = self.access.who(rt, ctx.credential)
+            call.who = self.access.who(rt, bearer_of(scope["headers"]))
             handler = _route(call)
             if method in ("POST", "PATCH"):
                 call.body = p.parse_object(await read_body(ctx, receive, self.max_body))
@@ -172,11 +188,18 @@ async def list_keys(call: AdminCall) -> tuple[int, Any]:
 
 async def create_key(call: AdminCall) -> tuple[int, Any]:
     fields = p.key_fields(call.body, partial=False)
+    held = await call.keys.fresh("t:" + fields["tenant"])
+    if held is not None and held.get("deleted"):  # its keys are refused: make none
+        raise p.AdminConflict(
+            f"tenant {fields['tenant']!r} was deleted: create it again first",
+            code="tenant_deleted",
+        )
     secret = new_secret()
     now = time.time()
     record: Record = {"kind": "key", "id": new_id(), **fields}
     record.update(digest=digest_of(secret), prefix=prefix_of(secret), old=[], blocked=False)
     record["created_at"] = now
+    key_view({**record, "updated_at": now})  # what the answer and audit line show: before writing
     written = await call.keys.write(record, 0)
     view = key_view(written)
     audit(call.who, "key.create", written["id"], None, view)
@@ -208,8 +231,11 @@ async def _change_key(
     key_id = _key_id(call)
     for _ in range(_RETRIES):
         before = await _key_record(call, key_id)
+        changed = change(dict(before))
+        if not changed.get("deleted"):
+            key_view(changed)  # what the answer and audit line show: before writing
         try:
-            after = await call.keys.write(change(dict(before)), int(before["version"]))
+            after = await call.keys.write(changed, int(before["version"]))
         except Conflict:
             continue
         shown = None if after.get("deleted") else key_view(after)
@@ -331,6 +357,16 @@ async def update_tenant(call: AdminCall) -> tuple[int, Any]:
 
 
 async def delete_tenant(call: AdminCall) -> tuple[int, Any]:
+    """Refused (409 ``tenant_in_use``) while a live key names the tenant: its keys would lose
+    the tenant's budget and the narrowing of its grants."""
+    tenant = _tenant_name(call)
+    await call.keys.sync()  # what the other replicas made too
+    in_use = [k["id"] for k in call.keys.index.key_records() if k["tenant"] == tenant]
+    if in_use:
+        raise p.AdminConflict(
+            f"tenant {tenant!r} has {len(in_use)} key(s) (e.g. {in_use[0]}): delete them first",
+            code="tenant_in_use",
+        )
     await _change_tenant(call, "tenant.delete", None)
     return 200, {"name": call.parts[1], "object": "gateway.tenant", "deleted": True}
 

@@ -4,7 +4,6 @@ bounded (lengths, counts, the metadata's size), every problem a 400 naming the f
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -13,15 +12,16 @@ import orjson
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.hops.router import json_object
+from gateway.keys.records import KEY_ID_RE, NAME_RE
 
 PERIODS: Final = ("day", "week", "month", "total")
-#: a tenant's name: what the config's tenants may be named too, without path tricks
-NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-#: a key's id as the store makes it
-KEY_ID_RE: Final = re.compile(r"key_[0-9a-f]{16}")
 MAX_GLOBS: Final = 64
 MAX_GLOB: Final = 200
 MAX_METADATA: Final = 4096
+#: how deep metadata may nest (the object itself is 1)
+MAX_DEPTH: Final = 16
+#: the latest ``expires_at``: 9999-12-31T23:59:59Z, in Unix seconds
+MAX_EXPIRES: Final = 253402300799
 #: the longest grace a rotation may give the old secret (30 days)
 MAX_GRACE_S: Final = 30 * 86400
 
@@ -103,27 +103,58 @@ def _period(value: Any) -> str:
 
 
 def expires(value: Any) -> float | None:
-    """``expires_at``: RFC 3339 text or Unix seconds (null: never)."""
+    """``expires_at``: RFC 3339 text or Unix seconds (null: never), within 1970..9999 (so
+    milliseconds, or a value no date can show, are a 400 rather than a record every read fails
+    on)."""
     if value is None:
         return None
+    at: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    if isinstance(value, str) and len(value) <= 40:
+        at = float(value)
+    elif isinstance(value, str) and len(value) <= 40:
         try:
-            at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             pass
         else:
-            return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
-    raise _bad("expires_at", "an RFC 3339 time (2030-01-01T00:00:00Z), Unix seconds, or null")
+            at = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    if at is None or not 0 <= at <= MAX_EXPIRES:
+        raise _bad(
+            "expires_at",
+            f"an RFC 3339 time (2030-01-01T00:00:00Z), Unix seconds within 0..{MAX_EXPIRES}, "
+            "or null",
+        )
+    return at
 
 
 def _metadata(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, dict) or len(orjson.dumps(value)) > MAX_METADATA:
-        raise _bad("metadata", f"a JSON object of at most {MAX_METADATA} bytes")
+    problem = f"a JSON object of at most {MAX_METADATA} bytes, nested at most {MAX_DEPTH} deep"
+    if not isinstance(value, dict) or _depth(value) > MAX_DEPTH:
+        raise _bad("metadata", problem)
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError:
+        raise _bad("metadata", problem) from None
+    if size > MAX_METADATA:
+        raise _bad("metadata", problem)
     return value
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests (stops counting past :data:`MAX_DEPTH`)."""
+    depth, level = 0, [value]
+    while level and depth <= MAX_DEPTH:
+        depth += 1
+        nested: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                nested.extend(v.values())
+            elif isinstance(v, list):
+                nested.extend(v)
+        level = [v for v in nested if isinstance(v, dict | list)]
+    return depth
 
 
 def grace(body: dict[str, Any]) -> float:

@@ -25,7 +25,10 @@ _TENANT_SHOWN = ("budget_usd", "budget_period", "mcp_servers", "mcp_tools", "pas
 def iso(at: float | None) -> str | None:
     if at is None:
         return None
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):  # a record written before expires_at was bounded
+        return f"{at:.0f}"
 
 
 def key_view(record: Record) -> dict[str, Any]:

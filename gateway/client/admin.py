@@ -8,9 +8,12 @@ import argparse
 import os
 import sys
 from typing import Any
+from urllib.parse import quote
 
 import httpx2
 import orjson
+
+from gateway.keys.records import CONFIG_KEY_ID_RE, KEY_ID_RE, NAME_RE
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 KEY_ENV = "GATEWAY_ADMIN_KEY"
@@ -126,9 +129,33 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+class BadName(Exception):
+    """An id or a name the server would not take: never put into a URL."""
+
+
+def _checked(kind: str, value: str | None) -> str:
+    """``value`` checked against the server's patterns (docs/spec.md §28), quoted for a URL
+    path segment (so ``../tenants/acme`` is never a path)."""
+    if value is None:
+        return ""
+    if kind == "keys":
+        ok = KEY_ID_RE.fullmatch(value) or CONFIG_KEY_ID_RE.fullmatch(value)
+        what = "a key id is key_ and 16 hex digits (or config_ and 12)"
+    else:
+        ok = NAME_RE.fullmatch(value)
+        what = "a tenant's name is 1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+    if not ok:
+        raise BadName(f"not an id: {value[:80]!r} ({what})")
+    return quote(value, safe="")
+
+
 def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None]:
     kind, action = args.command, args.action
     name = getattr(args, "id", None) or getattr(args, "name", None)
+    if action == "create" and kind == "tenants":
+        _checked(kind, name)
+    elif action not in ("list", "create"):
+        name = _checked(kind, name)
     if action == "list":
         return "GET", kind, None
     if action == "create":
@@ -176,7 +203,11 @@ def run(args: argparse.Namespace) -> int:
     if not key:
         print(f"set {args.admin_key_env} to the gateway's admin key", file=sys.stderr)
         return EXIT_USAGE
-    method, path, body = _request(args)
+    try:
+        method, path, body = _request(args)
+    except BadName as exc:
+        print(f"gateway {args.command} {args.action}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         data = AdminClient(args.url, key).call(method, path, body)
     except (AdminFailed, httpx2.HTTPError) as exc:

@@ -5,8 +5,10 @@
 :class:`~gateway.hops.auth.KeyEntry` is built once per change of the index (the limits and
 budgets named by the key's id, so a rotation keeps its counts and its spend; its tenant's
 budget from the ``[[auth.tenants]]`` of the config, else from the store's tenant), then reused.
-A blocked or expired key is refused with 401 ``key_blocked`` / ``key_expired``; a rotated secret
-past its grace, a deleted key, is unknown (401 ``invalid_api_key``).
+A blocked or expired key is refused with 401 ``key_blocked`` / ``key_expired``, a key whose
+store tenant was deleted with 401 ``tenant_deleted`` (fail closed: it would lose the tenant's
+budget and grant narrowing); a rotated secret past its grace, a deleted key, is unknown (401
+``invalid_api_key``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ class StoredEntries:
         expires = record.get("expires_at")
         if expires is not None and now >= expires:
             raise Unauthorized(f"this API key expired at {_iso(expires)}", code="key_expired")
+        tenant = record["tenant"]
+        if tenant not in self._config_tenants and tenant not in self._tenant_configs:
+            held = self.index.records.get("t:" + tenant)
+            if held is not None and held.get("deleted"):  # fail closed: no budget, no narrowing
+                raise Unauthorized("this API key's tenant was deleted", code="tenant_deleted")
         return self.entry(record)
 
     def entry(self, record: Record) -> KeyEntry:
@@ -149,7 +156,10 @@ class StoredEntries:
 
 
 def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):  # a record written before expires_at was bounded
+        return f"{at:.0f} (Unix s)"
 
 
 __all__ = ["StoredEntries", "key_policy", "limit_id", "stored_tenant_budget"]

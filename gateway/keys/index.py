@@ -20,7 +20,7 @@ Slot = tuple[Record, float]
 
 
 class KeyIndex:
-    __slots__ = ("by_digest", "generation", "records", "seen")
+    __slots__ = ("by_digest", "epoch", "generation", "records", "seen")
 
     def __init__(self) -> None:
         self.reset()
@@ -32,19 +32,23 @@ class KeyIndex:
         self.by_digest: dict[bytes, Slot] = {}
         #: the highest version applied
         self.seen = 0
+        #: the store's epoch the records were read from (None: not read yet)
+        self.epoch: str | None = None
         self.generation = getattr(self, "generation", 0) + 1
 
-    def apply(self, record: Record) -> bool:
-        """Take ``record`` if it is newer than the one held; whether it was."""
+    def apply(self, record: Record, read: bool = False) -> bool:
+        """Take ``record`` if it is newer than the one held; whether it was. ``read``: it came
+        from a read of everything since :attr:`seen` (only such a read may move it)."""
         name = field_of(record)
         version = int(record["version"])
+        if read:
+            self.seen = max(self.seen, version)
         held = self.records.get(name)
         if held is not None and int(held["version"]) >= version:
             return False
         self.records[name] = record
         if record["kind"] == "key":
             self._digests(held, record)
-        self.seen = max(self.seen, version)
         self.generation += 1
         return True
 

@@ -10,6 +10,7 @@ record stays as a tombstone (``deleted``), so an older copy of it is never taken
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ SECRET_PREFIX: Final = "sk-gw-"
 PREFIX_CHARS: Final = 14
 
 Record = dict[str, Any]
+
+#: a tenant's name: what the config's tenants may be named too, without path tricks
+NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: a key's id as the store makes it (:func:`new_id`)
+KEY_ID_RE: Final = re.compile(r"key_[0-9a-f]{16}")
+#: the id the admin API shows a key of the config by (``config_`` and its digest's first 12)
+CONFIG_KEY_ID_RE: Final = re.compile(r"config_[0-9a-f]{12}")
 
 
 class StoreDown(Exception):
@@ -76,6 +84,12 @@ class RecordStore(Protocol):
         """The counter: the version of the latest write."""
         ...
 
+    async def head(self) -> tuple[int, str]:
+        """The counter and the store's epoch: a random mark made with the store (set if
+        missing), so a store that lost its data and was written again is told apart from the
+        one read before, whatever its counter says."""
+        ...
+
     async def changes(self, since: int) -> list[Record]:
         """Every record (tombstones included) written after version ``since``."""
         ...
@@ -98,6 +112,9 @@ class RecordStore(Protocol):
 
 
 __all__ = [
+    "CONFIG_KEY_ID_RE",
+    "KEY_ID_RE",
+    "NAME_RE",
     "PREFIX_CHARS",
     "SECRET_PREFIX",
     "Conflict",

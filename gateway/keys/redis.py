@@ -1,9 +1,12 @@
 """The key store in Redis, shared by the replicas (docs/spec.md §28).
 
-Three keys in one hash slot (``{gw:keys}``): the counter, a hash of records (each value is
-``<version>\\n<json>``) and a sorted set of record names by version (what changed since a
-version). A write is one script: check the version the writer read, bump the counter, store
-the record under it, publish the version on :data:`CHANNEL`. Commands go through the store's
+Four keys in one hash slot (``{gw:keys}``): the counter, a hash of records (each value is
+``<version>\\n<json>``), a sorted set of record names by version (what changed since a
+version) and the epoch: a random mark set (SETNX) by the first write or read of an empty store,
+read with the counter, so a replica tells a Redis that came back empty and was written again
+from the store it read before, even once the new counter passed what it had seen.
+A write is one script: check the version the writer read, bump the counter, store the record
+under it, publish the version on :data:`CHANNEL`. Commands go through the store's
 guard (timeout, breaker: gateway/store/guard.py); the subscription has a connection of its own
 without a read timeout, and is remade when it breaks. Redis keeps the store as durably as it
 is configured to: run it with ``appendonly yes`` (AOF, ``appendfsync everysec`` loses at most a
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from typing import Any
 
 import orjson
@@ -30,6 +34,7 @@ _TAG = "{gw:keys}"
 VERSION_KEY = _TAG + ":ver"
 RECORDS_KEY = _TAG + ":rec"
 LOG_KEY = _TAG + ":log"
+EPOCH_KEY = _TAG + ":epoch"
 CHANNEL = "gw:keys:changed"
 
 _WRITE = """
@@ -37,6 +42,7 @@ local cur = redis.call('HGET', KEYS[2], ARGV[1])
 local curv = 0
 if cur then curv = tonumber(string.match(cur, '^(%d+)')) end
 if curv ~= tonumber(ARGV[2]) then return -1 end
+redis.call('SETNX', KEYS[4], ARGV[5])
 local v = redis.call('INCR', KEYS[1])
 redis.call('HSET', KEYS[2], ARGV[1], v .. '\\n' .. ARGV[3])
 redis.call('ZADD', KEYS[3], v, ARGV[1])
@@ -48,6 +54,11 @@ _CHANGES = """
 local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'LIMIT', 0, 4000)
 if #names == 0 then return {} end
 return redis.call('HMGET', KEYS[2], unpack(names))
+"""
+#: the counter and the epoch (made here when the store has none)
+_HEAD = """
+redis.call('SETNX', KEYS[2], ARGV[1])
+return {redis.call('GET', KEYS[1]) or '0', redis.call('GET', KEYS[2])}
 """
 _GET = "return redis.call('HGET', KEYS[1], ARGV[1])"
 
@@ -85,6 +96,12 @@ class RedisKeyStore(GuardedRedis):
         value = await self._cmd(lambda: self.client.get(VERSION_KEY))
         return int(value or 0)
 
+    async def head(self) -> tuple[int, str]:
+        mark = secrets.token_hex(8)
+        keys = (VERSION_KEY, EPOCH_KEY)
+        counter, epoch = await self._cmd(lambda: self.client.eval(_HEAD, 2, *keys, mark))
+        return int(counter), epoch.decode() if isinstance(epoch, bytes) else str(epoch)
+
     async def changes(self, since: int) -> list[Record]:
         values = await self._cmd(lambda: self.client.eval(_CHANGES, 2, LOG_KEY, RECORDS_KEY, since))
         records = [r for r in map(_parse, values) if r is not None]
@@ -95,9 +112,9 @@ class RedisKeyStore(GuardedRedis):
 
     async def write(self, record: Record, expected: int) -> Record:
         body = orjson.dumps({k: v for k, v in record.items() if k != "version"})
-        keys = (VERSION_KEY, RECORDS_KEY, LOG_KEY)
-        args = (field_of(record), expected, body, CHANNEL)
-        version = int(await self._cmd(lambda: self.client.eval(_WRITE, 3, *keys, *args)))
+        keys = (VERSION_KEY, RECORDS_KEY, LOG_KEY, EPOCH_KEY)
+        args = (field_of(record), expected, body, CHANNEL, secrets.token_hex(8))
+        version = int(await self._cmd(lambda: self.client.eval(_WRITE, 4, *keys, *args)))
         if version < 0:
             raise Conflict(field_of(record))
         return {**record, "version": version}

@@ -57,19 +57,15 @@ class KeyService:
     async def sync(self) -> bool:
         """Bring the index up to the store's counter; False when the store did not answer."""
         try:
-            if await self.store.version() < self.index.seen:  # the store lost its data
-                log.error(
-                    "key store (%s): its counter went back (a Redis restarted without its "
-                    "data? run it with appendonly yes): reading it again from the start",
-                    self.name,
-                )
-                self.index.reset()
-            while await self.store.version() > self.index.seen:
+            version, epoch = await self.store.head()
+            self._check_epoch(version, epoch)
+            while version > self.index.seen:
                 changed = await self.store.changes(self.index.seen)
                 for record in changed:
-                    self.index.apply(record)
+                    self.index.apply(record, read=True)
                 if not changed:  # the counter moved, the record is not readable yet
                     break
+                version = await self.store.version()
         except StoreDown as exc:
             if self.failure is None:
                 log.warning(
@@ -81,6 +77,19 @@ class KeyService:
             log.warning("key store (%s) is back", self.name)
         self.failure = None
         return True
+
+    def _check_epoch(self, version: int, epoch: str) -> None:
+        """Forget the index when the store is not the one it was read from: another epoch, or
+        a counter gone back (a Redis restarted without its data)."""
+        held = bool(self.index.records) or self.index.seen > 0
+        if held and (epoch != self.index.epoch or version < self.index.seen):
+            log.error(
+                "key store (%s): its data was lost (a Redis restarted without it? run it with "
+                "appendonly yes): reading it again from the start",
+                self.name,
+            )
+            self.index.reset()
+        self.index.epoch = epoch
 
     async def start(self) -> None:
         """Read the store once (a dead store does not stop a start), then keep following it."""

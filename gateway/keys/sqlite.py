@@ -71,6 +71,10 @@ class SqliteStore:
         row = await self._run(lambda db: db.execute("SELECT version FROM counter").fetchone())
         return int(row[0])
 
+    async def head(self) -> tuple[int, str]:
+        """The file is the store: one epoch (a lost file is a counter gone back to 0)."""
+        return await self.version(), "sqlite"
+
     async def changes(self, since: int) -> list[Record]:
         rows = await self._run(
             lambda db: db.execute(

@@ -109,12 +109,15 @@ def test_tenants_with_budgets_and_the_config_ones_read_only(gateway, tmp_path):
     made = admin(gw.url, "POST", "tenants", {"name": "lab", "budget_usd": 1e-7})
     assert made.status_code == 201
     assert admin(gw.url, "POST", "tenants", {"name": "lab"}).status_code == 409
-    key = admin(gw.url, "POST", "keys", {"tenant": "lab"}).json()["key"]
+    made_key = admin(gw.url, "POST", "keys", {"tenant": "lab"}).json()
+    key = made_key["key"]
     assert code(chat(gw.url, key)) == "budget_exceeded"  # the tenant's budget
     admin(gw.url, "PATCH", "tenants/lab", {"budget_usd": 5})
     assert chat(gw.url, key).status_code == 200
     got = admin(gw.url, "GET", "tenants/lab").json()
     assert got["budget_usd"] == 5 and got["spend"][0]["spent_usd"] > 0
+    assert code(admin(gw.url, "DELETE", "tenants/lab")) == "tenant_in_use"
+    assert admin(gw.url, "DELETE", f"keys/{made_key['id']}").status_code == 200
     assert admin(gw.url, "DELETE", "tenants/lab").status_code == 200
     assert admin(gw.url, "GET", "tenants/lab").status_code == 404
     config_id = next(k["id"] for k in admin(gw.url, "GET", "keys").json()["data"])
