@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.client import admin as admin_cli
+from gateway import cli_admin as admin_cli
 from gateway.config import CONFIG_ENV, Config, ConfigError, load_config
 
 EXIT_CONFIG = 2
