@@ -152,6 +152,8 @@ class H2Client:
         self._held: dict[int, int] = {}
         #: bytes read and not yet given to ``h2`` (:meth:`read_until_goaway`)
         self._pending = b""
+        #: bytes of a frame not yet whole (h2 is given whole frames only: :meth:`_feed`)
+        self._rx = b""
         self.flush()
 
     def release(self, sid: int) -> None:
@@ -235,13 +237,24 @@ class H2Client:
         return True
 
     def _feed(self, data: bytes) -> None:
-        try:
-            events = self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:  # kept: a test's failure message shows it
-            self.errors.append(exc)
-            events = []
-        for event in events:
-            self._event(event)
+        """Give ``h2`` the whole frames read so far, one frame at a time: a GOAWAY closes its
+        state machine, which :meth:`_event` opens again before the next frame (in one call,
+        a frame after the GOAWAY would be refused and the whole call's events lost)."""
+        buf = self._rx = self._rx + data
+        at = 0
+        while len(buf) - at >= 9:
+            end = at + 9 + int.from_bytes(buf[at : at + 3], "big")
+            if end > len(buf):
+                break
+            try:
+                events = self.conn.receive_data(buf[at:end])
+            except h2.exceptions.ProtocolError as exc:  # kept: a test's failure shows it
+                self.errors.append(exc)
+                events = []
+            for event in events:
+                self._event(event)
+            at = end
+        self._rx = buf[at:]
         with contextlib.suppress(h2.exceptions.ProtocolError, OSError):
             self.flush()
 
