@@ -47,7 +47,13 @@ from gateway.deadline import Deadline
 from gateway.server.http1_exchange import HIGH_WATER, Exchange
 from gateway.server.http1_guards import RETRY_1, Awaiting, ClientGuards, canned, too_large
 from gateway.server.intake import admit
-from gateway.server.state import ClientLimits, Served, ServerState, freeze_startup_objects
+from gateway.server.state import (
+    ClientLimits,
+    Served,
+    ServerState,
+    WriteFlow,
+    freeze_startup_objects,
+)
 from gateway.server.websocket import RealtimeWebSocketProtocol
 
 
@@ -58,7 +64,7 @@ def _address(transport: asyncio.Transport, key: str) -> tuple[str, int] | None:
     return None
 
 
-class Http1Protocol(ClientGuards):
+class Http1Protocol(WriteFlow, ClientGuards):
     """One client connection (see the module), built by the server per accepted socket with
     the :class:`~gateway.server.state.ServerState` all its connections share."""
 
@@ -83,8 +89,6 @@ class Http1Protocol(ClientGuards):
         self._guard = Deadline(self.loop, self.limits.header_timeout_s, self._guard_expired)
         self._idle = Deadline(self.loop, state.keep_alive_s, self._idle_expired)
         self.read_paused = False
-        self.write_paused = False
-        self._drained: asyncio.Future[None] | None = None
         #: the request being read, the one being answered, the ones read and not yet answered
         self.exchange: Exchange | None = None
         self.active: Exchange | None = None
@@ -168,22 +172,6 @@ class Http1Protocol(ClientGuards):
         if self.read_paused and not self.pipeline:
             self.read_paused = False
             self.transport.resume_reading()
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        drained, self._drained = self._drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
-
-    async def drain(self) -> None:
-        """Until the transport's write buffer is under its low-water mark (or the client is
-        gone)."""
-        if self._drained is None:
-            self._drained = self.loop.create_future()
-        await asyncio.shield(self._drained)
 
     def shutdown(self) -> None:
         """The server stops (SIGTERM): an idle connection closes now, one in a request closes

@@ -65,7 +65,7 @@ from h2.settings import SettingCodes, Settings
 from gateway.context import RECEIVED_AT
 from gateway.server.http2_guards import Http2Guards
 from gateway.server.http2_stream import Stream, open_stream
-from gateway.server.state import Served, ServerState, freeze_startup_objects
+from gateway.server.state import Served, ServerState, WriteFlow, freeze_startup_objects
 
 __all__ = ["CONNECTION_WINDOW", "Http2Protocol"]
 
@@ -101,7 +101,7 @@ def _address(transport: asyncio.Transport, key: str) -> tuple[str, int] | None:
     return None
 
 
-class Http2Protocol(Http2Guards):
+class Http2Protocol(WriteFlow, Http2Guards):
     """One HTTP/2 client connection (see the module)."""
 
     def __init__(
@@ -125,8 +125,6 @@ class Http2Protocol(Http2Guards):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: tuple[str, int] | None = None
         self.server: tuple[str, int] | None = None
-        self.write_paused = False
-        self._drained: asyncio.Future[None] | None = None
         self._flush: asyncio.Handle | None = None
 
     # ------------------------------------------------------------ the transport's side
@@ -230,21 +228,6 @@ class Http2Protocol(Http2Guards):
         elif isinstance(event, ConnectionTerminated):
             # h2's state machine is closed: nothing more can be sent on any stream
             self.close()
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        drained, self._drained = self._drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
-
-    async def drain(self) -> None:
-        """Until the transport's buffer is under its low-water mark (or the client is gone)."""
-        if self._drained is None:
-            self._drained = self.loop.create_future()
-        await asyncio.shield(self._drained)
 
     def shutdown(self) -> None:
         """The server stops (SIGTERM): GOAWAY and the close, now when no stream is in flight,

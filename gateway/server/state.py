@@ -183,11 +183,39 @@ def freeze_startup_objects() -> None:
         gc.freeze()
 
 
+class WriteFlow:
+    """The write side's backpressure of a connection's protocol (HTTP/1.1 and HTTP/2 alike):
+    asyncio's ``pause_writing``/``resume_writing``, and :meth:`drain` for a writer to wait on
+    until the transport's buffer is under its low-water mark. ``connection_lost`` calls
+    ``resume_writing`` so no writer waits on a client that is gone. First among the bases:
+    ``asyncio.BaseProtocol``'s own methods of those names do nothing."""
+
+    loop: asyncio.AbstractEventLoop
+    write_paused = False
+    _drained: asyncio.Future[None] | None = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Until the transport's buffer is under its low-water mark (or the client is gone)."""
+        if self._drained is None:
+            self._drained = self.loop.create_future()
+        await asyncio.shield(self._drained)
+
+
 __all__ = [
     "KEEP_ALIVE_S",
     "ClientLimits",
     "Served",
     "ServerState",
+    "WriteFlow",
     "client_limits",
     "date_line",
     "freeze_startup_objects",
