@@ -31,7 +31,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,31 +45,16 @@ from overhead import (  # noqa: E402 - the helpers of the benchmark next door
     Procs,
     find_tool,
     free_port,
+    nginx_conf,
     port_open,
     wait_until,
 )
 
-NGINX_COMMON = """\
-daemon off;
-master_process on;
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/logs/error.log warn;
-events {{ worker_connections 4096; multi_accept on; }}
-http {{
-    access_log off;
-    client_body_temp_path {root}/tmp/body;
-    proxy_temp_path {root}/tmp/proxy;
-    fastcgi_temp_path {root}/tmp/fastcgi;
-    uwsgi_temp_path {root}/tmp/uwsgi;
-    scgi_temp_path {root}/tmp/scgi;
-    keepalive_requests 1000000000;
-    keepalive_timeout 300s;
-    http2_max_requests 1000000000;
-    http2_max_concurrent_streams 128;
-    server_tokens off;
-{servers}
-}}
+#: what the h2 benchmark's nginx adds to the common head (:func:`overhead.nginx_conf`)
+NGINX_H2 = """\
+http2_max_requests 1000000000;
+http2_max_concurrent_streams 128;
+server_tokens off;
 """
 
 
@@ -124,7 +108,7 @@ class H2Bench:
         port = free_port()
         server = server.replace("@LISTEN@", self._listen(port)).replace("@PORT@", str(port))
         conf = root / "nginx.conf"
-        conf.write_text(NGINX_COMMON.format(root=root, servers=textwrap.indent(server, "    ")))
+        conf.write_text(nginx_conf(root, NGINX_H2 + server.rstrip("\n") + "\n"))
         log = root / "logs" / "stdout.log"
         argv = [find_tool("nginx") or "nginx", "-p", str(root), "-c", str(conf)]
         argv += ["-e", str(root / "logs" / "error.log")]

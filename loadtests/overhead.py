@@ -99,6 +99,33 @@ def _nginx_literal(text: str) -> str:
     return out
 
 
+#: the head of every nginx.conf the benchmarks write (here and loadtests/h2.py): one worker,
+#: every file under ``{root}``, keep-alive without end; :func:`nginx_conf` completes its ``http``
+NGINX_HEAD = """\
+daemon off;
+master_process on;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/logs/error.log warn;
+events {{ worker_connections 4096; multi_accept on; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/tmp/body;
+    proxy_temp_path {root}/tmp/proxy;
+    fastcgi_temp_path {root}/tmp/fastcgi;
+    uwsgi_temp_path {root}/tmp/uwsgi;
+    scgi_temp_path {root}/tmp/scgi;
+    keepalive_requests 1000000000;
+    keepalive_timeout 300s;
+"""
+
+
+def nginx_conf(root: Path, http: str) -> str:
+    """:data:`NGINX_HEAD` for ``root``, then ``http`` (the rest of the http block: server
+    blocks and directives, indented here) and the block's end."""
+    return NGINX_HEAD.format(root=root) + textwrap.indent(http, "    ") + "}\n"
+
+
 def _nginx_stream_branch() -> tuple[str, str, str]:
     """The map, the ``if`` and the location that answer a long body with UPSTREAM_SSE,
     indented for start_nginx's config (its dedent needs them at least as deep as the rest)."""
@@ -687,23 +714,10 @@ class Bench:
         sse_map, sse_if, sse_location = _nginx_stream_branch() if streams else ("", "", "")
         conf = root / "nginx.conf"
         conf.write_text(
-            textwrap.dedent(
-                f"""\
-                daemon off;
-                master_process on;
-                worker_processes 1;
-                pid {root}/nginx.pid;
-                error_log {root}/logs/error.log warn;
-                events {{ worker_connections 4096; multi_accept on; }}
-                http {{
-                    access_log off;
-                    client_body_temp_path {root}/tmp/body;
-                    proxy_temp_path {root}/tmp/proxy;
-                    fastcgi_temp_path {root}/tmp/fastcgi;
-                    uwsgi_temp_path {root}/tmp/uwsgi;
-                    scgi_temp_path {root}/tmp/scgi;
-                    keepalive_requests 1000000000;
-                    keepalive_timeout 300s;
+            nginx_conf(
+                root,
+                textwrap.dedent(
+                    f"""\
                     client_body_buffer_size 64k;
                     server_tokens off;{sse_map}
                     server {{
@@ -713,8 +727,8 @@ class Bench:
                             return 200 '{body}';
                         }}{sse_location}
                     }}
-                }}
-                """
+                    """
+                ),
             )
         )
         log = root / "logs" / "stdout.log"
